@@ -1,0 +1,157 @@
+"""`RoutingTrace`: which experts every token used at every MoE layer.
+
+A trace holds requests back to back in decode order. Shapes use T tokens, L MoE layers,
+K experts per token (top-k), R requests. Construct one directly or through `seqmoe.trace.io`::
+
+    trace = RoutingTrace(expert_ids=ids, request_offsets=np.array([0, T]),
+                         meta=TraceMeta(model="tiny", num_experts=8, source="synthetic"))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from seqmoe.errors import UserError
+
+
+class TraceError(UserError, ValueError):
+    """A trace is malformed; the message says what and where."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceMeta:
+    """Facts about where a trace came from."""
+
+    model: str = "unknown"
+    """Model the routing was recorded from (free text, e.g. `deepseek-v2-lite`)."""
+    num_experts: int
+    """E: routed experts per MoE layer."""
+    source: str = "unknown"
+    """Where the trace came from (importer name and path, or generator)."""
+    extra: dict = field(default_factory=dict)
+    """Anything else worth keeping (JSON-serialisable)."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RoutingTrace:
+    """Routing of T tokens through L MoE layers, K experts each.
+
+    Attributes:
+        expert_ids: [T, L, K] int16, expert ids per token and layer, in router output order.
+        request_offsets: [R + 1] int64, token offsets of requests; request r is tokens
+            `request_offsets[r]:request_offsets[r + 1]`. Starts at 0, ends at T, strictly increasing.
+        meta: model, E and source.
+        gate_weights: optional [T, L, K] float32, the router weights of `expert_ids`.
+        token_ids: optional [T] int32, token ids (indices into `vocab` when imported from strings).
+        vocab: optional token strings that `token_ids` index.
+    """
+
+    expert_ids: np.ndarray
+    request_offsets: np.ndarray
+    meta: TraceMeta
+    gate_weights: np.ndarray | None = None
+    token_ids: np.ndarray | None = None
+    vocab: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        ids = self.expert_ids
+        if not isinstance(ids, np.ndarray) or ids.ndim != 3:
+            raise TraceError(f"expert_ids must be a [T, L, K] array, got shape {getattr(ids, 'shape', None)}")
+        T, L, K = ids.shape
+        if T == 0 or L == 0 or K == 0:
+            raise TraceError(f"expert_ids has an empty dimension: shape (T, L, K) = {ids.shape}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TraceError(f"expert_ids must be integers, got {ids.dtype}")
+        E = self.meta.num_experts
+        if E <= 0:
+            raise TraceError(f"num_experts must be positive, got {E}")
+        bad = (ids < 0) | (ids >= E)
+        if bad.any():
+            t, l, k = map(int, np.argwhere(bad)[0])
+            raise TraceError(
+                f"expert id {int(ids[t, l, k])} out of range [0, {E}) at token {t}, layer {l}, slot {k}"
+            )
+        if K > 1:
+            srt = np.sort(ids, axis=2)
+            dup = (srt[:, :, 1:] == srt[:, :, :-1]).any(axis=2)
+            if dup.any():
+                t, l = map(int, np.argwhere(dup)[0])
+                raise TraceError(f"token {t}, layer {l} lists an expert twice: {ids[t, l].tolist()}")
+        off = self.request_offsets
+        if off.ndim != 1 or len(off) < 2 or off[0] != 0 or off[-1] != T:
+            raise TraceError(f"request_offsets must run from 0 to T={T}, got {off[:3].tolist()}...{off[-2:].tolist()}")
+        empty = np.flatnonzero(np.diff(off) <= 0)
+        if len(empty):
+            raise TraceError(f"request {int(empty[0])} is empty (offsets {off[empty[0]]}..{off[empty[0] + 1]})")
+        if self.gate_weights is not None and self.gate_weights.shape != ids.shape:
+            raise TraceError(f"gate_weights shape {self.gate_weights.shape} != expert_ids shape {ids.shape}")
+        if self.token_ids is not None:
+            if self.token_ids.shape != (T,):
+                raise TraceError(f"token_ids shape {self.token_ids.shape} != ({T},)")
+            if self.vocab is not None and len(self.token_ids) and int(self.token_ids.max()) >= len(self.vocab):
+                raise TraceError(f"token id {int(self.token_ids.max())} outside vocab of {len(self.vocab)}")
+
+    @property
+    def num_tokens(self) -> int:
+        """T."""
+        return self.expert_ids.shape[0]
+
+    @property
+    def num_layers(self) -> int:
+        """L."""
+        return self.expert_ids.shape[1]
+
+    @property
+    def top_k(self) -> int:
+        """K."""
+        return self.expert_ids.shape[2]
+
+    @property
+    def num_experts(self) -> int:
+        """E."""
+        return self.meta.num_experts
+
+    @property
+    def num_requests(self) -> int:
+        """R."""
+        return len(self.request_offsets) - 1
+
+    def request_ids(self) -> np.ndarray:
+        """[T] int64: the request index of every token."""
+        return np.repeat(np.arange(self.num_requests), np.diff(self.request_offsets))
+
+    def uids(self) -> np.ndarray:
+        """[T, L, K] int64 global expert ids, `uid = layer_id * E + expert_id`."""
+        return self.expert_ids.astype(np.int64) + (np.arange(self.num_layers) * self.num_experts)[None, :, None]
+
+    def select_requests(self, requests) -> RoutingTrace:
+        """A new trace holding the given requests (indices, in the given order)."""
+        requests = np.asarray(requests, dtype=np.int64)
+        if len(requests) == 0:
+            raise TraceError("cannot select zero requests")
+        off = self.request_offsets
+        idx = np.concatenate([np.arange(off[r], off[r + 1]) for r in requests])
+        lengths = off[requests + 1] - off[requests]
+        return dataclasses.replace(
+            self,
+            expert_ids=self.expert_ids[idx],
+            request_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+            gate_weights=None if self.gate_weights is None else self.gate_weights[idx],
+            token_ids=None if self.token_ids is None else self.token_ids[idx],
+        )
+
+    def head(self, num_tokens: int) -> RoutingTrace:
+        """The first `num_tokens` tokens (whole requests, the last one cut)."""
+        n = min(num_tokens, self.num_tokens)
+        off = self.request_offsets
+        keep = off[off < n]
+        return dataclasses.replace(
+            self,
+            expert_ids=self.expert_ids[:n],
+            request_offsets=np.concatenate([keep, [n]]).astype(np.int64),
+            gate_weights=None if self.gate_weights is None else self.gate_weights[:n],
+            token_ids=None if self.token_ids is None else self.token_ids[:n],
+        )
