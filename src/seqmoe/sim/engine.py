@@ -1,0 +1,116 @@
+"""The copy engine: one host-to-device channel, copies one at a time.
+
+Rules (DESIGN.md): a demand copy goes ahead of queued prefetches but does not interrupt the running
+copy; queued prefetches run earliest deadline first. The engine is advanced lazily: the caller
+moves time forward with `advance(t)` before issuing anything at time t, so every queued copy was
+issued while the channel was busy.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+INF = float("inf")
+
+
+class CopyEngine:
+    """One copy channel.
+
+    Args:
+        copy_time_s: seconds per expert copy (`alpha + bytes / bandwidth`).
+    """
+
+    def __init__(self, copy_time_s: float) -> None:
+        self.copy_time_s = copy_time_s
+        self.free_at = 0.0  # when the running copy ends (<= now when idle)
+        self.started = 0  # copies started so far
+        self._demand: deque[tuple[int, int]] = deque()  # (seq, uid)
+        self._prefetch: list[tuple[int, int, int]] = []  # (deadline step, seq, uid)
+        self._queued: dict[int, int] = {}  # uid -> seq of its live queue entry; other entries are stale
+        self._seq = 0
+        self._running: deque[tuple[float, int]] = deque()  # (done time, uid), in completion order
+        self.done_at: dict[int, float] = {}  # uid -> completion time, for started copies not yet finished
+
+    def _start_next(self, at: float) -> bool:
+        while self._demand or self._prefetch:
+            seq, uid = self._demand.popleft() if self._demand else heapq.heappop(self._prefetch)[1:]
+            if self._queued.get(uid) != seq:  # promoted or cancelled entry
+                continue
+            del self._queued[uid]
+            self.free_at = at + self.copy_time_s
+            self.done_at[uid] = self.free_at
+            self._running.append((self.free_at, uid))
+            self.started += 1
+            return True
+        return False
+
+    def advance(self, t: float) -> list[int]:
+        """Run the channel up to time t; returns the uids whose copies finished by t."""
+        while self.free_at < t and self._queued and self._start_next(self.free_at):
+            pass
+        finished = []
+        while self._running and self._running[0][0] <= t:
+            _, uid = self._running.popleft()
+            del self.done_at[uid]
+            finished.append(uid)
+        return finished
+
+    def _kick(self, now: float) -> None:
+        if self.free_at <= now:
+            self._start_next(now)
+
+    def demand(self, uid: int, now: float) -> None:
+        """Queue a demand copy at time `now` (ahead of prefetches, behind earlier demands)."""
+        self._seq += 1
+        self._queued[uid] = self._seq
+        self._demand.append((self._seq, uid))
+        self._kick(now)
+
+    def prefetch(self, uid: int, deadline_step: int, now: float) -> None:
+        """Queue a prefetch at time `now`; prefetches start earliest `deadline_step` first."""
+        self._seq += 1
+        self._queued[uid] = self._seq
+        heapq.heappush(self._prefetch, (deadline_step, self._seq, uid))
+        self._kick(now)
+
+    def promote(self, uid: int, now: float) -> None:
+        """A queued prefetch is needed now: move it to the demand queue."""
+        self.demand(uid, now)  # the old prefetch entry goes stale
+
+    def cancel(self, uid: int) -> bool:
+        """Drop a queued (not started) copy; False if it already started or was never queued."""
+        if uid in self._queued:
+            del self._queued[uid]
+            return True
+        return False
+
+    def cancel_latest_prefetch(self, keep) -> int | None:
+        """Cancel the queued prefetch with the latest deadline whose uid is not in `keep`; its uid or None."""
+        live = [(d, seq, uid) for d, seq, uid in self._prefetch if self._queued.get(uid) == seq and uid not in keep]
+        if not live:
+            return None
+        uid = max(live)[2]
+        del self._queued[uid]
+        return uid
+
+    def is_queued(self, uid: int) -> bool:
+        return uid in self._queued
+
+    def demand_finish_times(self) -> dict[int, float]:
+        """Completion time of each queued demand copy, in queue order, behind the running copy."""
+        t, out = self.free_at, {}
+        for seq, uid in self._demand:
+            if self._queued.get(uid) == seq:
+                t += self.copy_time_s
+                out[uid] = t
+        return out
+
+    def backlog_end(self, now: float) -> float:
+        """When the channel would be idle if nothing more were issued."""
+        return max(self.free_at, now) + len(self._queued) * self.copy_time_s
+
+    @property
+    def pending(self) -> int:
+        """Copies queued or running."""
+        return len(self._queued) + len(self._running)

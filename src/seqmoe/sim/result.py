@@ -1,0 +1,73 @@
+"""Counts of one replay and the metrics DESIGN.md asks of every run, computed the same way for all."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class SimCounts:
+    """What a replay counted. Activations are (token, layer, expert) triples."""
+
+    ready: int = 0
+    """Hits whose copy had finished when the layer's experts were due."""
+    late: int = 0
+    """Hits (copy issued before the reveal) the layer had to wait for."""
+    misses: int = 0
+    """Activations that needed a demand copy."""
+    prefetches: int = 0
+    """Prefetch copies issued."""
+    copies: int = 0
+    """Copies run, demand and prefetch."""
+    wasted_copies: int = 0
+    """Prefetched experts evicted before any use."""
+    cancelled: int = 0
+    """Queued prefetches cancelled before their copy started, to free a slot for a demand copy."""
+    stall_s: float = 0.0
+    """Time the expert computation waited for copies."""
+    time_s: float = 0.0
+    """Simulated decode time of the whole trace."""
+    full_load_time_s: float = 0.0
+    """The same trace with every expert resident."""
+    decision_s: float = 0.0
+    """Host wall time spent in eviction, prediction and scheduling (measured, not simulated)."""
+    num_tokens: int = 0
+    copy_time_s: float = 0.0
+    """Seconds per expert copy under the hardware profile."""
+
+
+def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int) -> dict:
+    """The metrics of one run as a JSON-serialisable dict.
+
+    Args:
+        c: counts of the replay.
+        expert_bytes: bytes per expert copy.
+        belady_misses: N_opt, Belady's demand misses at the same capacity and start placement.
+    """
+    n = c.ready + c.late + c.misses
+    bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
+    return {
+        "hit_rate": (c.ready + c.late) / n,
+        "ready_rate": c.ready / n,
+        "late_rate": c.late / n,
+        "miss_rate": c.misses / n,
+        "activations": n,
+        "ready": c.ready,
+        "late": c.late,
+        "misses": c.misses,
+        "prefetches": c.prefetches,
+        "copies": c.copies,
+        "bytes_copied": c.copies * expert_bytes,
+        "wasted_copies": c.wasted_copies,
+        "cancelled_prefetches": c.cancelled,
+        "stall_s": c.stall_s,
+        "time_s": c.time_s,
+        "full_load_time_s": c.full_load_time_s,
+        "full_load_fraction": c.full_load_time_s / c.time_s,
+        "belady_misses": belady_misses,
+        "bound_time_s": bound,
+        "bound_fraction": bound / c.time_s,
+        "tokens_per_s": c.num_tokens / c.time_s,
+        "decision_us_per_token": 1e6 * c.decision_s / c.num_tokens,
+        "copy_time_s": c.copy_time_s,
+    }

@@ -1,0 +1,118 @@
+"""Run replays from configurations: load traces and profiles once, replay systems x residencies.
+
+    rows = run_sweep(SimConfig(trace=..., train=...), systems=["on-demand-lru", "belady"],
+                     residencies=[0.25, 0.45])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seqmoe import __version__
+from seqmoe.cache.belady import FutureUses, belady_misses
+from seqmoe.config import SimConfig
+from seqmoe.errors import UserError
+from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
+from seqmoe.sim.placement import capacity_for, check_residency, start_placement
+from seqmoe.sim.replay import simulate
+from seqmoe.sim.result import summarize
+from seqmoe.systems import SYSTEMS, SystemInputs, build_system
+from seqmoe.trace.io import load_trace
+from seqmoe.trace.schema import RoutingTrace
+from seqmoe.trace.split import split_trace
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Everything a replay needs that does not depend on the system or the residency."""
+
+    train: RoutingTrace
+    test: RoutingTrace
+    model: ModelProfile
+    hardware: HardwareProfile
+    test_uids: np.ndarray  # [T, L, K] int64
+    future: FutureUses
+
+
+def check_systems(names) -> None:
+    unknown = [n for n in names if n not in SYSTEMS]
+    if unknown:
+        raise UserError(f"unknown system {unknown[0]!r}; choose one of: {', '.join(SYSTEMS)}")
+
+
+def load_workload(cfg: SimConfig, *, train: RoutingTrace | None = None, test: RoutingTrace | None = None) -> Workload:
+    """Load (or take) the traces and profiles of `cfg` and check that they fit together."""
+    model, hardware = get_model_profile(cfg.model_profile), get_hardware_profile(cfg.hardware)
+    if test is None:
+        test = load_trace(cfg.trace)
+        if train is None and cfg.train is None:
+            train, test = split_trace(test, test_fraction=cfg.test_fraction, seed=cfg.seed)
+    if train is None:
+        train = load_trace(cfg.train)
+    for name, t in (("--trace", test), ("--train", train)):
+        if (t.num_layers, t.num_experts, t.top_k) != (model.num_layers, model.num_experts, model.top_k):
+            raise UserError(
+                f"{name} has L={t.num_layers}, E={t.num_experts}, K={t.top_k} but model profile {model.name!r} "
+                f"has L={model.num_layers}, E={model.num_experts}, K={model.top_k}; pick the matching --model-profile"
+            )
+    uids = test.uids()
+    return Workload(train, test, model, hardware, uids, FutureUses(uids, test.num_layers * test.num_experts))
+
+
+def host_info() -> dict:
+    """Where a result was computed."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                             cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        sha = None
+    return {"git_sha": sha, "seqmoe": __version__, "python": platform.python_version(),
+            "numpy": np.__version__, "platform": platform.platform(), "processor": platform.machine()}
+
+
+def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, _bound_cache: dict | None = None) -> dict:
+    """Replay `w.test` with `cfg.system` at `cfg.residency`; the result row as a dict."""
+    test = w.test
+    capacity = capacity_for(cfg.residency, test.num_layers, test.num_experts)
+    start = start_placement(w.train, capacity)
+    key = capacity
+    if _bound_cache is not None and key in _bound_cache:
+        n_opt = _bound_cache[key]
+    else:
+        n_opt = belady_misses(w.test_uids, capacity, start, w.future)
+        if _bound_cache is not None:
+            _bound_cache[key] = n_opt
+    system = build_system(cfg.system, SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start)))
+    t0 = time.perf_counter()
+    counts = simulate(test, system, model=w.model, hardware=w.hardware, capacity=capacity, start=start, progress=progress)
+    wall = time.perf_counter() - t0
+    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": cfg.residency, "capacity": capacity}
+    row.update(summarize(counts, expert_bytes=w.model.expert_bytes, belady_misses=n_opt))
+    row.update({
+        "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,
+        "model_profile": w.model.to_dict(), "hardware_profile": w.hardware.to_dict(),
+        "sim_wall_s": wall, "activations_per_s": row["activations"] / wall,
+        "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "host": host_info(),
+    })  # fmt: skip
+    return row
+
+
+def run_sweep(cfg: SimConfig, systems, residencies, *, workload: Workload | None = None, progress: bool = False):
+    """Yield one result row per (residency, system), residencies outermost."""
+    check_systems(systems)
+    for r in residencies:
+        check_residency(r)  # before any work
+    w = workload or load_workload(cfg)
+    bounds: dict = {}
+    for r in residencies:
+        for name in systems:
+            yield run_one(w, dataclasses.replace(cfg, system=name, residency=r), progress=progress, _bound_cache=bounds)

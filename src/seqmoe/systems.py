@@ -1,0 +1,103 @@
+"""Named systems (eviction policy + predictor + prefetch scheduler), built by name.
+
+    system = build_system("on-demand-lru", SystemInputs(train=train, test=test, capacity=C))
+
+Systems that re-implement another project's policy are named "-style"; their modules say where
+they simplify. Oracles (`belady`, `oracle-prefetch`) read the replayed trace's future.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from seqmoe.cache import BeladyPolicy, FutureUses, LayerLRUPolicy, LFUPolicy, LRUPolicy, belady_schedule
+from seqmoe.errors import UserError
+from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
+from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
+from seqmoe.sim.replay import System
+from seqmoe.trace.schema import RoutingTrace
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemInputs:
+    """What a system may learn from (train) or, for oracles only, look ahead into (test)."""
+
+    train: RoutingTrace
+    """Training split: statistics, matrices, learned predictors."""
+    test: RoutingTrace
+    """The trace being replayed; only oracles may read it."""
+    capacity: int
+    """C, slots in the pool."""
+    start: tuple[int, ...]
+    """The start placement every system shares."""
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    summary: str
+    build: Callable[[SystemInputs], System]
+
+
+SYSTEMS: dict[str, SystemSpec] = {}
+
+
+def register_system(name: str, summary: str):
+    """Decorator: register `fn(inputs) -> System` under `name`."""
+
+    def deco(fn):
+        SYSTEMS[name] = SystemSpec(name, summary, fn)
+        return fn
+
+    return deco
+
+
+def build_system(name: str, inputs: SystemInputs) -> System:
+    """A fresh system by name (UserError naming the choices if unknown)."""
+    if name not in SYSTEMS:
+        raise UserError(f"unknown system {name!r}; choose one of: {', '.join(SYSTEMS)}")
+    return SYSTEMS[name].build(inputs)
+
+
+@register_system("on-demand-lru", "no prefetch; evict the least recently used expert")
+def _lru(inp: SystemInputs) -> System:
+    return System("on-demand-lru", LRUPolicy())
+
+
+@register_system("on-demand-lfu", "no prefetch; evict the least frequently used expert")
+def _lfu(inp: SystemInputs) -> System:
+    return System("on-demand-lfu", LFUPolicy())
+
+
+@register_system("belady", "no prefetch; oracle eviction of the expert used furthest in the future")
+def _belady(inp: SystemInputs) -> System:
+    t = inp.test
+    return System("belady", BeladyPolicy(FutureUses(t.uids(), t.num_layers * t.num_experts)))
+
+
+@register_system("mixtral-offloading-style", "no prefetch; LRU within equal per-layer groups")
+def _mixtral_offloading(inp: SystemInputs) -> System:
+    t = inp.train
+    return System("mixtral-offloading-style",
+                  LayerLRUPolicy(num_layers=t.num_layers, num_experts=t.num_experts, capacity=inp.capacity))
+
+
+@register_system("moe-infinity-style", "request activation-matrix matching, decayed prefetch, activation-aware eviction")
+def _moe_infinity(inp: SystemInputs) -> System:
+    pred = EAMPredictor(inp.train)
+    return System("moe-infinity-style", EAMPolicy(pred), pred, GreedyPrefetcher(min_prob=0.7, decay=True))
+
+
+@register_system("affinity-style", "inter-layer transition statistics, prefetch of likely next experts, LRU")
+def _affinity(inp: SystemInputs) -> System:
+    return System("affinity-style", LRUPolicy(), AffinityPredictor(inp.train), GreedyPrefetcher(min_prob=0.3))
+
+
+@register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction")
+def _oracle(inp: SystemInputs) -> System:
+    t = inp.test
+    uids = t.uids()
+    future = FutureUses(uids, t.num_layers * t.num_experts)
+    schedule = belady_schedule(uids, inp.capacity, inp.start, future)
+    return System("oracle-prefetch", BeladyPolicy(future), None, OraclePrefetcher(schedule))

@@ -1,0 +1,63 @@
+"""Shared fixtures: tiny random traces, a cost model to match them, and where the real traces live."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from seqmoe.profiles import HardwareProfile, ModelProfile
+from seqmoe.trace.schema import RoutingTrace, TraceMeta
+
+
+def make_trace(num_tokens=120, num_layers=3, num_experts=8, top_k=2, num_requests=3, seed=0, reuse=0.5) -> RoutingTrace:
+    """A random trace with skewed popularity and some token-to-token reuse."""
+    rng = np.random.default_rng(seed)
+    pop = rng.dirichlet(np.full(num_experts, 0.7), size=num_layers)
+    ids = np.zeros((num_tokens, num_layers, top_k), dtype=np.int16)
+    for t in range(num_tokens):
+        for l in range(num_layers):
+            if t and rng.random() < reuse:
+                ids[t, l] = ids[t - 1, l]
+            else:
+                ids[t, l] = rng.choice(num_experts, size=top_k, replace=False, p=pop[l])
+    cuts = np.sort(rng.choice(np.arange(1, num_tokens), size=num_requests - 1, replace=False))
+    offsets = np.concatenate([[0], cuts, [num_tokens]]).astype(np.int64)
+    return RoutingTrace(expert_ids=ids, request_offsets=offsets, meta=TraceMeta(model="tiny", num_experts=num_experts, source="test"))
+
+
+def tiny_model(trace: RoutingTrace) -> ModelProfile:
+    return ModelProfile(name="tiny", num_layers=trace.num_layers, num_experts=trace.num_experts, top_k=trace.top_k,
+                        expert_bytes=1_000_000, layer_bytes=2_000_000, token_bytes=1_000_000)
+
+
+def tiny_hardware(h2d_bytes_per_s: float = 1e10, copy_overhead_s: float = 1e-5) -> HardwareProfile:
+    return HardwareProfile(name="tiny-hw", h2d_bytes_per_s=h2d_bytes_per_s, copy_overhead_s=copy_overhead_s,
+                           hbm_bytes_per_s=1e12, device_memory_bytes=1 << 30)
+
+
+@pytest.fixture
+def trace() -> RoutingTrace:
+    return make_trace()
+
+
+def find_shared_traces() -> Path | None:
+    """The real-trace folder: $SEQMOE_SHARED/data/traces, else shared/ in or next to the repo."""
+    repo = Path(__file__).resolve().parents[1]
+    env = os.environ.get("SEQMOE_SHARED")
+    if env:
+        candidates = [Path(env) / "data/traces", Path(env)]
+    else:
+        candidates = [repo / "shared/data/traces", repo.parent / "shared/data/traces"]
+    return next((c for c in candidates if (c / "deepseek-v2-lite-puffin").is_dir()), None)
+
+
+@pytest.fixture(scope="session")
+def shared_traces() -> Path:
+    """Path of shared/data/traces; skips the test when the folder is not there."""
+    found = find_shared_traces()
+    if found is None:
+        pytest.skip("real traces not found (shared/data/traces); set SEQMOE_SHARED to the shared folder")
+    return found
