@@ -1,0 +1,60 @@
+"""Plots from results JSONL: hit rate, full-load fraction and bound fraction against residency.
+
+    seqmoe plot results.jsonl --out plots/
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from seqmoe._files import atomic_path
+from seqmoe.errors import UserError
+
+METRICS = {
+    "hit_rate": "hit rate",
+    "full_load_fraction": "full-load fraction (full-load time / time)",
+    "bound_fraction": "bound fraction (bound time / time)",
+}
+
+
+def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> list[Path]:
+    """One PNG per metric, one line per system; returns the files written.
+
+    Args:
+        rows: result rows with `system`, `residency` and the metrics.
+        out_dir: folder for the PNGs.
+        caption: text under each figure (the command that produced the results).
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if "system" not in r or "residency" not in r:
+            raise UserError("a results row lacks `system` or `residency`; is this a `seqmoe sweep` file?")
+        series[r["system"]].append(r)
+    first = rows[0]
+    where = f"{first.get('model_profile', {}).get('name', '?')} on {first.get('hardware_profile', {}).get('name', '?')}, {first.get('num_tokens', '?')} tokens"
+    written = []
+    for key, label in METRICS.items():
+        fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        for name, pts in series.items():
+            pts = sorted(pts, key=lambda r: r["residency"])
+            ax.plot([p["residency"] for p in pts], [p[key] for p in pts], marker="o", label=name)
+        ax.set_xlabel("residency (fraction of experts on the device)")
+        ax.set_ylabel(label)
+        ax.set_title(f"{label.split(' (')[0]}: {where}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        if caption:
+            fig.text(0.01, 0.01, caption, fontsize=6, family="monospace", wrap=True)
+        fig.tight_layout(rect=(0, 0.04 if caption else 0, 1, 1))
+        path = Path(out_dir) / f"{key}.png"
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=120, format="png")
+        plt.close(fig)
+        written.append(path)
+    return written

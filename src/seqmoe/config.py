@@ -1,0 +1,85 @@
+"""Frozen run configurations; every field's docstring is also its CLI help text.
+
+    cfg = SimConfig(trace="test.safetensors", train="train.safetensors", residency=0.45)
+    cfg.to_dict(), cfg.config_hash()
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+from dataclasses import dataclass
+
+from seqmoe.errors import UserError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig:
+    """One replay of a trace by one system at one residency."""
+
+    trace: str
+    """Trace to replay: a saved .safetensors trace, a MoE-Beyond CSV folder or a Mixtral JSONL file/folder."""
+    train: str | None = None
+    """Training trace (learned statistics, start placement); default: split --trace by request."""
+    test_fraction: float = 0.2
+    """Without --train: the share of --trace's requests replayed (the rest trains)."""
+    model_profile: str = "deepseek-v2-lite"
+    """Model profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
+    hardware: str = "h100-pcie5"
+    """Hardware profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
+    residency: float = 0.45
+    """Fraction of all experts the device pool holds, in (0, 1]."""
+    system: str = "on-demand-lru"
+    """Memory-management system (see `seqmoe systems`)."""
+    seed: int = 0
+    """Seed of the train/test split and of anything random in a system."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.residency <= 1.0:
+            raise UserError(f"--residency must be in (0, 1], got {self.residency}")
+        if not 0.0 < self.test_fraction < 1.0:
+            raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def config_hash(self) -> str:
+        """12 hex digits identifying this configuration (goes into every result)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+@functools.cache
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a dataclass, by field name."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def add_config_flags(parser, cls, skip: tuple[str, ...] = ()) -> None:
+    """Add one kebab-case flag per dataclass field, with its docstring as help."""
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        typ = {"float": float, "int": int}.get(str(f.type), str)
+        required = f.default is dataclasses.MISSING
+        default = None if required else f.default
+        suffix = "" if required or default is None else f" (default: {default})"
+        parser.add_argument(flag, type=typ, default=default, required=required, help=docs.get(f.name, "") + suffix)
+
+
+def config_from_args(cls, args, **overrides):
+    """Build `cls` from parsed flags (fields only), then `overrides`."""
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
+    values.update(overrides)
+    return cls(**values)

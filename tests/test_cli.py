@@ -1,0 +1,108 @@
+"""The `seqmoe` command: results, JSON output, errors with exit code 2 and no partial files.
+
+Run: pytest tests/test_cli.py -q
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from seqmoe.cli import main
+from seqmoe.profiles import get_model_profile
+from seqmoe.trace.io import save_trace
+from tests.conftest import make_trace
+
+REQUIRED = ("hit_rate", "ready_rate", "late_rate", "miss_rate", "stall_s", "time_s", "full_load_time_s",
+            "full_load_fraction", "bound_time_s", "bound_fraction", "bytes_copied", "wasted_copies",
+            "decision_us_per_token", "config", "config_hash")
+
+
+@pytest.fixture
+def files(tmp_path):
+    """A DeepSeek-V2-Lite-shaped (L=26, E=64, K=6) random train and test trace, and a profile file."""
+    train = make_trace(num_tokens=60, num_layers=26, num_experts=64, top_k=6, seed=1)
+    test = make_trace(num_tokens=30, num_layers=26, num_experts=64, top_k=6, seed=2)
+    save_trace(train, tmp_path / "train.safetensors")
+    save_trace(test, tmp_path / "test.safetensors")
+    return tmp_path
+
+
+def sim_args(d, *extra):
+    return ["sim", "--trace", str(d / "test.safetensors"), "--train", str(d / "train.safetensors"),
+            "--model-profile", "deepseek-v2-lite", "--hardware", "h100-pcie5", *extra]
+
+
+def test_sim_json_is_the_last_line_with_every_field(files, capsys):
+    assert main(sim_args(files, "--residency", "0.45", "--system", "belady", "--json")) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert all(k in row for k in REQUIRED)
+    assert row["config"]["system"] == "belady" and row["config"]["residency"] == 0.45
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--system", "nope"), "unknown system 'nope'"),
+    (("--residency", "1.5"), "residency must be in (0, 1]"),
+    (("--residency", "0"), "residency must be in (0, 1]"),
+    (("--hardware", "tpu-v9"), "unknown hardware profile 'tpu-v9'"),
+    (("--model-profile", "mixtral-8x7b"), "E=64"),
+])  # fmt: skip
+def test_bad_input_is_one_line_exit_2_and_no_output_file(files, capsys, extra, message):
+    out = files / "row.jsonl"
+    assert main(sim_args(files, *extra, "--out", str(out))) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("seqmoe: error: ") and message in err and "\n" not in err
+    assert not out.exists()
+
+
+def test_missing_trace_file(files, capsys):
+    assert main(["sim", "--trace", str(files / "absent.safetensors"), "--train", str(files / "train.safetensors")]) == 2
+    assert "absent.safetensors" in capsys.readouterr().err
+
+
+def test_sweep_writes_jsonl_and_plots(files, capsys):
+    out, plots = files / "rows.jsonl", files / "plots"
+    args = ["sweep", "--trace", str(files / "test.safetensors"), "--train", str(files / "train.safetensors"),
+            "--systems", "on-demand-lru,oracle-prefetch", "--residencies", "0.2,0.5", "--out", str(out), "--plot", str(plots)]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["system"], r["residency"]) for r in rows] == [
+        ("on-demand-lru", 0.2), ("oracle-prefetch", 0.2), ("on-demand-lru", 0.5), ("oracle-prefetch", 0.5)]
+    assert {p.name for p in plots.iterdir()} == {"hit_rate.png", "full_load_fraction.png", "bound_fraction.png"}
+    assert main(["plot", str(out), "--out", str(files / "again")]) == 0
+
+
+def test_sweep_rejects_bad_residency_before_any_work(files, capsys):
+    out = files / "rows.jsonl"
+    args = ["sweep", "--trace", str(files / "test.safetensors"), "--residencies", "0.5,2", "--out", str(out)]
+    assert main(args) == 2 and not out.exists()
+
+
+def test_sim_without_train_splits_the_trace(files, capsys):
+    assert main(["sim", "--trace", str(files / "train.safetensors"), "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["train_tokens"] + row["num_tokens"] == 60
+
+
+def test_custom_model_profile_file(files, capsys):
+    prof = get_model_profile("deepseek-v2-lite").to_dict() | {"name": "my-lite", "expert_bytes": 1_000}
+    (files / "p.json").write_text(json.dumps(prof))
+    assert main(sim_args(files, "--model-profile", str(files / "p.json"), "--json")) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["model_profile"]["name"] == "my-lite"
+
+
+def test_systems_lists_every_baseline(capsys):
+    assert main(["systems"]) == 0
+    out = capsys.readouterr().out
+    for name in ("on-demand-lru", "on-demand-lfu", "belady", "mixtral-offloading-style", "moe-infinity-style",
+                 "affinity-style", "oracle-prefetch"):
+        assert name in out
+
+
+def test_demo_runs_on_embedded_data(tmp_path, capsys):
+    assert main(["demo", "--tokens", "60", "--out", str(tmp_path)]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {r["system"] for r in summary["rows"]} >= {"on-demand-lru", "oracle-prefetch"}
+    assert (tmp_path / "results.jsonl").exists() and (tmp_path / "hit_rate.png").exists()
