@@ -15,7 +15,8 @@ Positions (`step`) count (token, layer) pairs in execution order: `step = t * L 
 
 from __future__ import annotations
 
-from collections.abc import Container, Sequence
+import heapq
+from collections.abc import Callable, Container, Sequence
 from typing import Protocol
 
 
@@ -35,3 +36,24 @@ class EvictionPolicy(Protocol):
     def remove(self, uid: int) -> None:
         """`uid` left the pool."""
 
+
+
+def lazy_heap_victim(heap: list[tuple], is_live: Callable[[tuple], bool], pinned: Container[int]) -> int | None:
+    """The uid of the smallest live, unpinned entry of a heap that holds stale entries.
+
+    Policies keep one heap entry per update and skip outdated ones when popping (cheaper than
+    re-keying). Entries end with the uid; stale entries are dropped, pinned ones put back.
+    """
+    skipped, found = [], None
+    while heap:
+        entry = heap[0]
+        if not is_live(entry):
+            heapq.heappop(heap)
+        elif entry[-1] in pinned:
+            skipped.append(heapq.heappop(heap))
+        else:
+            found = entry[-1]
+            break
+    for entry in skipped:
+        heapq.heappush(heap, entry)
+    return found

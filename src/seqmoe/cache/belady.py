@@ -12,6 +12,8 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 
+from seqmoe.cache.base import lazy_heap_victim
+
 NEVER = 1 << 62  # next use of an expert that is never used again
 
 
@@ -83,20 +85,7 @@ class BeladyPolicy:
         return self._next[uid]
 
     def victim(self, incoming: int, pinned: Container[int]) -> int | None:
-        skipped, found = [], None
-        while self._heap:
-            neg, uid = self._heap[0]
-            if self._next.get(uid) != -neg:
-                heapq.heappop(self._heap)
-                continue
-            if uid in pinned:
-                skipped.append(heapq.heappop(self._heap))
-                continue
-            found = uid
-            break
-        for entry in skipped:
-            heapq.heappush(self._heap, entry)
-        return found
+        return lazy_heap_victim(self._heap, lambda e: self._next.get(e[1]) == -e[0], pinned)
 
     def remove(self, uid: int) -> None:
         del self._next[uid]

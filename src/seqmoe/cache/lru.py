@@ -6,6 +6,8 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Container, Sequence
 
+from seqmoe.cache.base import lazy_heap_victim
+
 
 class LRUPolicy:
     """Evict the least recently used expert of the whole pool."""
@@ -62,21 +64,7 @@ class LFUPolicy:
         self._push(uid)
 
     def victim(self, incoming: int, pinned: Container[int]) -> int | None:
-        skipped, found = [], None
-        while self._heap:
-            entry = self._heap[0]
-            count, tick, uid = entry
-            if self._last.get(uid) != tick:  # stale or removed
-                heapq.heappop(self._heap)
-                continue
-            if uid in pinned:
-                skipped.append(heapq.heappop(self._heap))
-                continue
-            found = uid
-            break
-        for entry in skipped:
-            heapq.heappush(self._heap, entry)
-        return found
+        return lazy_heap_victim(self._heap, lambda e: self._last.get(e[2]) == e[1], pinned)
 
     def remove(self, uid: int) -> None:
         # Counts are kept (LFU with memory); the heap entry goes stale.
