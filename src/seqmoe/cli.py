@@ -18,6 +18,7 @@ import sys
 
 from seqmoe.bench.plot import plot_results
 from seqmoe.bench.report import format_table, read_jsonl, write_jsonl
+from seqmoe.cli_predict import add_predict_commands
 from seqmoe.cli_trace import add_trace_commands
 from seqmoe.config import SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     profiles = sub.add_parser("profiles", help="list the model and hardware profile presets")
     profiles.set_defaults(func=cmd_profiles)
 
+    add_predict_commands(sub)
     add_trace_commands(sub)
     for action in sub.choices.values():
         action.add_argument("--no-progress", action="store_true", help="never show progress bars")

@@ -43,3 +43,16 @@ class Predictor(Protocol):
 
     def predict(self, step: int) -> Forecast | None:
         """Forecast for positions after `step`; None when there is nothing to say."""
+
+
+class IgnoresHistory:
+    """Mixin for predictors whose forecast does not depend on the routing seen so far."""
+
+    def begin_request(self) -> None:
+        pass
+
+    def begin_token(self, step: int, token_id: int | None) -> None:
+        pass
+
+    def observe(self, step: int, ids: np.ndarray) -> None:
+        pass

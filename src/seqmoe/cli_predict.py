@@ -1,0 +1,120 @@
+"""`seqmoe train` and `seqmoe eval-predictor`: train the sequence forecaster, score forecasts per horizon.
+
+    seqmoe train --trace results/deepseek/train.safetensors --out results/predictor-deepseek
+    seqmoe eval-predictor --trace results/deepseek/test.safetensors --predictor results/predictor-deepseek \\
+        --train results/deepseek/train.safetensors --plot results/predictor-deepseek/recall.png --json
+
+`add_predict_commands(subparsers)` registers both on the main parser (src/seqmoe/cli.py); each
+sets `func(args) -> int`. Bad input raises `UserError`. Torch is imported only when `train` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from seqmoe.errors import UserError
+from seqmoe.trace.io import load_trace
+
+DEFAULT_EPOCHS = 8
+DEFAULT_MAX_MINUTES = 14.0
+
+
+def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add `train` and `eval-predictor` to the main parser's subparsers."""
+    train = subparsers.add_parser(
+        "train",
+        help="train the sequence-to-sequence expert forecaster on a routing trace",
+        description="Train the GRU forecaster on TRACE (a validation share of its requests picks the best "
+        "epoch) and write model.safetensors and config.json into --out.",
+    )
+    train.add_argument("--trace", required=True, metavar="TRAIN", help="training trace (file or folder)")
+    train.add_argument("--out", required=True, metavar="DIR", help="folder for the checkpoint")
+    train.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help=f"passes over the data (default: {DEFAULT_EPOCHS})")
+    train.add_argument("--seed", type=int, default=0, help="seed of split, weights and sampling (default: 0)")
+    train.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES,
+                       help=f"stop after this long, keeping the best epoch (default: {DEFAULT_MAX_MINUTES:g})")
+    train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    train.add_argument("--json", action="store_true", help="print the training summary as one JSON object on the last line")
+    train.set_defaults(func=run_train)
+
+    ev = subparsers.add_parser(
+        "eval-predictor",
+        help="precision/recall at K per horizon of a trained forecaster and the baselines",
+        description="Replay TEST through the forecaster in --predictor (and, with --train, the frequency, "
+        "affinity-style and moe-infinity-style baselines fitted on TRAIN) and score each forecast row "
+        "h positions ahead: recall@K = precision@K = |top-K ∩ true K| / K, and recall@2K.",
+    )
+    ev.add_argument("--trace", required=True, metavar="TEST", help="trace to score on (prompts not trained on)")
+    ev.add_argument("--predictor", required=True, metavar="DIR", help="checkpoint folder written by `seqmoe train`")
+    ev.add_argument("--train", metavar="TRAIN", help="training trace: also score the baselines fitted on it")
+    ev.add_argument("--stride", type=int, default=1, help="score every STRIDE-th position (default: 1, all)")
+    ev.add_argument("--plot", metavar="FILE", help="write a PNG of recall against horizon")
+    ev.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
+    ev.set_defaults(func=run_eval)
+
+
+def _progress(args) -> bool:
+    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
+
+
+def run_train(args: argparse.Namespace) -> int:
+    """`seqmoe train`: prints the best validation numbers (and JSON with --json)."""
+    if args.epochs < 1:
+        raise UserError(f"--epochs must be at least 1, got {args.epochs}")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        raise UserError(f"--max-minutes must be positive, got {args.max_minutes}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    trace = load_trace(args.trace)
+    from seqmoe.predict.train import train_seq_predictor  # torch only here
+
+    info = train_seq_predictor(trace, args.out, epochs=args.epochs, seed=args.seed, max_minutes=args.max_minutes,
+                               threads=args.threads, progress=_progress(args),
+                               log=lambda line: print(line, file=sys.stderr))
+    m, t = info["metrics"], info["training"]
+    recall = "  ".join(f"h={h}: {v:.3f}" for h, v in m["val_recall_at_k"].items())
+    print(f"trained on {t['num_train_requests']} requests ({t['epochs_run']} epochs, {t['seconds']:.0f} s) -> {args.out}")
+    print(f"best epoch {m['best_epoch']}: validation loss {m['val_loss']:.4f}, recall@K {recall}")
+    if args.json:
+        print(json.dumps({"out": str(args.out), **info}))
+    return 0
+
+
+def _baselines(train_path: str, test) -> dict:
+    from seqmoe.predict import AffinityPredictor, EAMPredictor
+    from seqmoe.predict.freq import FrequencyPredictor
+
+    train = load_trace(train_path)
+    got, want = (train.num_layers, train.num_experts, train.top_k), (test.num_layers, test.num_experts, test.top_k)
+    if got != want:
+        raise UserError(f"--train has (L, E, K) = {got} but --trace has {want}; use traces of the same model")
+    H = 2 * train.num_layers
+    return {"frequency": FrequencyPredictor(train, horizon=H), "affinity-style": AffinityPredictor(train, horizon=H),
+            "moe-infinity-style": EAMPredictor(train, horizon=H)}
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """`seqmoe eval-predictor`: recall@K and recall@2K tables, optional plot and JSON line."""
+    from seqmoe.predict.evaluate import evaluate_predictors, format_table, plot_recall
+    from seqmoe.predict.seqmodel import load_seq_predictor
+
+    if args.stride < 1:
+        raise UserError(f"--stride must be at least 1, got {args.stride}")
+    test = load_trace(args.trace)
+    seq = load_seq_predictor(args.predictor)
+    seq.check_trace(test)
+    predictors = {"seqmoe": seq, **(_baselines(args.train, test) if args.train else {})}
+    res = evaluate_predictors(test, predictors, stride=args.stride, progress=_progress(args))
+    res.update(trace=str(args.trace), predictor=str(args.predictor), train=args.train)
+    print(format_table(res))
+    print(format_table(res, "recall_at_2k"))
+    print("host us per layer, simulator path (observe + predict): "
+          + ", ".join(f"{n} {r['decision']['us_per_layer']:.1f}" for n, r in res["predictors"].items()))
+    if args.plot:
+        cmd = f"seqmoe eval-predictor --trace {args.trace} --predictor {args.predictor}"
+        plot_recall(res, args.plot, caption=cmd + (f" --train {args.train}" if args.train else ""))
+    if args.json:
+        print(json.dumps(res))
+    return 0

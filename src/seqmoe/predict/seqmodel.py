@@ -1,0 +1,312 @@
+"""Sequence-to-sequence expert forecasting: a GRU over routing history, run incrementally in numpy.
+
+The network (trained by `seqmoe.predict.train`, which holds its PyTorch twin) reads positions
+(token t, layer l) in execution order, `step = t * L + l`:
+
+- a token-level GRU: input x_t = route_in^T m_t + tok_in[b_t], where m_t is token t's full
+  multi-hot routing ([L * E]) and b_t its hashed token bucket; h_t = GRU(h_{t-1}, x_t);
+- a query head at (t, l_known): a = q_h h_{t-1} + q_part^T (m_t masked to layers <= l_known)
+  + q_tok[b_t] + q_layer[l_known + 1]; z1 = relu(LayerNorm(a)); z = z1 + relu(mlp z1);
+  logits = out z, [2, L, E]: row (0, l') forecasts token t at layer l' > l_known, row (1, l')
+  forecasts token t + 1 at layer l' (direct two-token head);
+- probabilities: K * softmax over E per row (rows sum to K), clipped at 1.
+
+Further tokens come by recursion: x_hat_t mixes token t's true routing at layers <= l_known with
+the forecast probabilities at the later layers, the GRU steps on it, and the query with
+l_known = -1 and an unknown token forecasts two more tokens; forecasts feed back as inputs.
+
+Inference is incremental and needs no torch: `observe` adds the K new rows of q_part and route_in
+to running sums; the GRU steps once per token; `predict` costs one LayerNorm, one [H, H] matvec and
+one matvec with the rows of `out` still ahead.
+
+    pred = load_seq_predictor("results/predictor-deepseek")
+    pred.check_trace(test)          # L/E/K must match; binds the trace's vocabulary
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from seqmoe.errors import UserError
+from seqmoe.predict.base import Forecast
+from seqmoe.trace.schema import RoutingTrace
+
+FORMAT = "seqmoe-seq-predictor"
+VERSION = "1"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+class PredictorError(UserError):
+    """A predictor checkpoint is missing or corrupt, or does not fit the trace."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SeqConfig:
+    """Architecture of the sequence forecaster."""
+
+    num_layers: int
+    """L: MoE layers of the model the routing comes from."""
+    num_experts: int
+    """E: routed experts per layer."""
+    top_k: int
+    """K: experts per token and layer."""
+    hash_buckets: int = 8192
+    """B: token strings (or ids) are hashed with crc32 into B buckets; bucket B means unknown."""
+    embed_dim: int = 256
+    """D: GRU input width."""
+    hidden_dim: int = 256
+    """H: GRU state width."""
+    query_dim: int = 256
+    """Z: query head width."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "num_experts", "top_k", "hash_buckets", "embed_dim", "hidden_dim", "query_dim"):
+            if getattr(self, name) <= 0:
+                raise PredictorError(f"{name} must be positive, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SeqConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Name -> shape of every weight (PyTorch layout: Linear weights are [out, in])."""
+        LE, B, D, H, Z = self.num_layers * self.num_experts, self.hash_buckets, self.embed_dim, self.hidden_dim, self.query_dim
+        return {
+            "route_in": (LE, D), "tok_in": (B + 1, D), "h0": (H,),
+            "gru_w_ih": (3 * H, D), "gru_w_hh": (3 * H, H), "gru_b_ih": (3 * H,), "gru_b_hh": (3 * H,),
+            "q_h_w": (Z, H), "q_h_b": (Z,), "q_part": (LE, Z), "q_tok": (B + 1, Z), "q_layer": (self.num_layers + 1, Z),
+            "q_norm_w": (Z,), "q_norm_b": (Z,), "mlp_w": (Z, Z), "mlp_b": (Z,), "out_w": (2 * LE, Z), "out_b": (2 * LE,),
+        }  # fmt: skip
+
+
+def token_bucket(token: str | int | None, buckets: int) -> int:
+    """Hash bucket of a token string (or int id when there is no vocabulary); None -> unknown (= buckets)."""
+    if token is None:
+        return buckets
+    data = token.encode("utf-8") if isinstance(token, str) else int(token).to_bytes(8, "little", signed=True)
+    return zlib.crc32(data) % buckets
+
+
+def bucket_table(trace: RoutingTrace, buckets: int) -> np.ndarray | None:
+    """[V] int64 bucket of every token id of `trace` (hash of the string when it has a vocab); None without ids."""
+    if trace.token_ids is None:
+        return None
+    if trace.vocab is not None:
+        return np.array([token_bucket(s, buckets) for s in trace.vocab], dtype=np.int64)
+    return np.array([token_bucket(i, buckets) for i in range(int(trace.token_ids.max()) + 1)], dtype=np.int64)
+
+
+def trace_buckets(trace: RoutingTrace, buckets: int) -> np.ndarray:
+    """[T] int64 token bucket of every token (all `buckets`, i.e. unknown, without token ids)."""
+    table = bucket_table(trace, buckets)
+    if table is None:
+        return np.full(trace.num_tokens, buckets, dtype=np.int64)
+    return table[trace.token_ids.astype(np.int64)]
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # tanh form: no overflow warnings for large |x|
+
+
+def gru_step(w: dict, h: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """One GRU step with PyTorch's gate layout (r, z, n): [H] state, [D] input -> [H]."""
+    H = h.shape[0]
+    gi = w["gru_w_ih"] @ x + w["gru_b_ih"]
+    gh = w["gru_w_hh"] @ h + w["gru_b_hh"]
+    r = _sigmoid(gi[:H] + gh[:H])
+    z = _sigmoid(gi[H:2 * H] + gh[H:2 * H])
+    n = np.tanh(gi[2 * H:] + r * gh[2 * H:])
+    return (1.0 - z) * n + z * h
+
+
+def layer_probs(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """[N, E] float32 logits -> [N, E] float32 probabilities of use: K * softmax, clipped at 1."""
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    e *= top_k / e.sum(axis=1, keepdims=True)
+    return np.minimum(e, 1.0, out=e)
+
+
+class SeqPredictor:
+    """Incremental numpy inference of the sequence forecaster; implements `Predictor`."""
+
+    def __init__(self, config: SeqConfig, weights: dict[str, np.ndarray], info: dict | None = None) -> None:
+        self.config = config
+        self.info = info or {}
+        self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+        self.L, self.E, self.K = config.num_layers, config.num_experts, config.top_k
+        self._unknown = config.hash_buckets
+        self._table: np.ndarray | None = None
+        # observe() gathers both per-expert terms at once: [LE, Z + D] = [q_part | route_in].
+        self._obs = np.concatenate([self.w["q_part"], self.w["route_in"]], axis=1)
+        self.begin_request()
+
+    # -- trace binding ----------------------------------------------------------------------------
+    def check_trace(self, trace: RoutingTrace) -> None:
+        """Raise PredictorError unless `trace` has this checkpoint's L, E, K; bind its vocabulary
+        (token ids passed to `begin_token` are then hashed through `trace.vocab`)."""
+        got = (trace.num_layers, trace.num_experts, trace.top_k)
+        want = (self.L, self.E, self.K)
+        if got != want:
+            raise PredictorError(
+                f"trace has L={got[0]}, E={got[1]}, K={got[2]} but the predictor was trained for "
+                f"L={want[0]}, E={want[1]}, K={want[2]}; train one on a trace of the same model"
+            )
+        self._table = bucket_table(trace, self.config.hash_buckets)
+
+    def _bucket(self, token_id: int | None) -> int:
+        if token_id is None:
+            return self._unknown
+        if self._table is not None:
+            return int(self._table[token_id]) if 0 <= token_id < len(self._table) else self._unknown
+        return token_bucket(int(token_id), self.config.hash_buckets)
+
+    # -- Predictor protocol -----------------------------------------------------------------------
+    def begin_request(self) -> None:
+        self._h = self.w["h0"].copy()  # [H] state after the completed tokens
+        self._t: int | None = None  # current token index
+        self._lk = -1  # last observed layer of the current token
+
+    def begin_token(self, step: int, token_id: int | None) -> None:
+        self._start_token(step // self.L, self._bucket(token_id))
+
+    def observe(self, step: int, ids: np.ndarray) -> None:
+        t, l = divmod(step, self.L)
+        if t != self._t:  # begin_token was skipped: the token is unknown
+            self._start_token(t, self._unknown)
+        self._acc += self._obs[l * self.E + np.asarray(ids, dtype=np.int64)].sum(axis=0)
+        self._lk = l
+        self._observed = True
+
+    def predict(self, step: int) -> Forecast | None:
+        """Forecast the rest of the current token and the whole next token ([<= 2L, E])."""
+        if self._t is None:
+            return None
+        return self._direct()
+
+    def forecast(self, step: int, horizon: int) -> Forecast | None:
+        """Forecast at least `horizon` positions after the current one, recursing past the next token."""
+        if self._t is None:
+            return None
+        fc = self._direct()
+        steps, parts = [fc.steps], [fc.probs]
+        end = self._t * self.L + self._lk + horizon  # last position asked for
+        if fc.steps[-1] < end:
+            for s, p in self._recurse(fc.probs, end):
+                steps.append(s)
+                parts.append(p)
+        return Forecast(np.concatenate(steps), np.concatenate(parts))
+
+    # -- internals --------------------------------------------------------------------------------
+    def _start_token(self, t: int, bucket: int) -> None:
+        if self._t is not None and self._observed:  # close the previous token: one GRU step
+            self._h = gru_step(self.w, self._h, self._x_acc + self.w["tok_in"][self._tok])
+        w = self.w
+        self._t, self._tok, self._lk = t, bucket, -1
+        self._base = w["q_h_w"] @ self._h + w["q_h_b"] + w["q_tok"][bucket]  # [Z] fixed for the token
+        Z = len(self._base)
+        self._acc = np.zeros(self._obs.shape[1], dtype=np.float32)  # [Z + D] observed rows of _obs, summed
+        self._q_acc, self._x_acc = self._acc[:Z], self._acc[Z:]  # views: q_part sum [Z], route_in sum [D]
+        self._observed = False
+
+    def _query(self, pre: np.ndarray) -> np.ndarray:
+        """[Z] pre-activation -> [Z] query vector (LayerNorm, relu, residual MLP)."""
+        w = self.w
+        a = pre - pre.sum() / len(pre)
+        a *= 1.0 / np.sqrt(np.dot(a, a) / len(a) + 1e-5)
+        z1 = np.maximum(a * w["q_norm_w"] + w["q_norm_b"], 0.0)
+        return z1 + np.maximum(w["mlp_w"] @ z1 + w["mlp_b"], 0.0)
+
+    def _rows(self, z: np.ndarray, first: int) -> np.ndarray:
+        """Probabilities of output rows first..2L-1 ([2L - first, E]) for query `z`."""
+        E = self.E
+        logits = self.w["out_w"][first * E:] @ z + self.w["out_b"][first * E:]
+        return layer_probs(logits.reshape(-1, E), self.K)
+
+    def _direct(self) -> Forecast:
+        z = self._query(self._base + self._q_acc + self.w["q_layer"][self._lk + 1])
+        first = self._lk + 1
+        pos = self._t * self.L + first
+        return Forecast(np.arange(pos, pos + 2 * self.L - first, dtype=np.int64), self._rows(z, first))
+
+    def _recurse(self, probs: np.ndarray, end: int):
+        """Yield (steps, probs) one token at a time beyond the direct forecast until `end` is covered.
+
+        `probs` is the direct forecast: rows for the rest of token t, then token t + 1.
+        """
+        w, L, E = self.w, self.L, self.E
+        rest = L - 1 - self._lk
+        # x_hat_t: the true routing seen so far plus the forecast of the layers still ahead.
+        x = self._x_acc + probs[:rest].reshape(-1) @ w["route_in"][(self._lk + 1) * E:] + w["tok_in"][self._tok]
+        h, nxt = self._h, probs[rest:]  # nxt: forecast of token t + 1, the GRU input after x_hat_t
+        tok = self._t + 2  # the token whose forecast the next query's second row gives
+        while True:
+            h = gru_step(w, h, x)
+            z = self._query(w["q_h_w"] @ h + w["q_h_b"] + w["q_tok"][self._unknown] + w["q_layer"][0])
+            far = self._rows(z, L)  # second row block only: token `tok`
+            yield np.arange(tok * L, (tok + 1) * L, dtype=np.int64), far
+            if (tok + 1) * L - 1 >= end:
+                return
+            x = nxt.reshape(-1) @ w["route_in"] + w["tok_in"][self._unknown]
+            nxt, tok = far, tok + 1
+
+
+def save_checkpoint(out_dir: str | os.PathLike, config: SeqConfig, weights: dict[str, np.ndarray],
+                    info: dict) -> None:
+    """Write `model.safetensors` (float32 weights) and `config.json` (config + info) into `out_dir`."""
+    from safetensors.numpy import save_file
+
+    from seqmoe._files import atomic_path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, tmp, metadata={"format": FORMAT, "version": VERSION})
+    doc = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), **info}
+    with atomic_path(out / CONFIG_FILE) as tmp:
+        Path(tmp).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def load_seq_predictor(path: str | os.PathLike) -> SeqPredictor:
+    """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt."""
+    from safetensors import SafetensorError, safe_open
+
+    d = Path(path)
+    hint = "train one with `seqmoe train --trace TRAIN --out DIR`"
+    if not d.is_dir():
+        raise PredictorError(f"no predictor folder at {d}; {hint}")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (d / name).is_file():
+            raise PredictorError(f"{d} lacks {name}: not a predictor checkpoint; {hint}")
+    try:
+        doc = json.loads((d / CONFIG_FILE).read_text())
+        if doc.get("format") != FORMAT:
+            raise PredictorError(f"{d / CONFIG_FILE}: format {doc.get('format')!r}, expected {FORMAT!r}")
+        if doc.get("version") != VERSION:
+            raise PredictorError(f"{d / CONFIG_FILE}: version {doc.get('version')!r}; this seqmoe reads {VERSION}")
+        config = SeqConfig.from_dict(doc["config"])
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise PredictorError(f"{d / CONFIG_FILE}: unreadable predictor config ({e})") from None
+    try:
+        with safe_open(d / WEIGHTS_FILE, framework="numpy") as f:
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise PredictorError(f"{d / WEIGHTS_FILE}: unreadable weights ({e})") from None
+    want = config.weight_shapes()
+    bad = [f"{k}: {weights[k].shape if k in weights else 'missing'} != {s}" for k, s in want.items()
+           if k not in weights or tuple(weights[k].shape) != s]
+    if bad:
+        raise PredictorError(f"{d / WEIGHTS_FILE} does not match {CONFIG_FILE}: {'; '.join(bad[:3])}")
+    return SeqPredictor(config, weights, {k: v for k, v in doc.items() if k not in ("format", "version", "config")})
