@@ -24,7 +24,7 @@ from seqmoe.config import SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
 from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from seqmoe.sim.run import check_systems, load_workload, run_one, run_sweep
-from seqmoe.systems import SYSTEMS
+from seqmoe.systems import SYSTEMS, baselines
 
 DEFAULT_RESIDENCIES = "0.1,0.25,0.45,0.65,0.9"
 
@@ -37,6 +37,8 @@ def _floats(text: str) -> list[float]:
 
 
 def _names(text: str) -> list[str]:
+    if text == "baselines":
+        return baselines()
     names = list(SYSTEMS) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
     check_systems(names)
     return names
@@ -128,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep = sub.add_parser("sweep", help="replay systems x residencies into a JSONL file",
                            description="Run every (residency, system) pair on one workload; rows go to --out.")
     add_config_flags(sweep, SimConfig, skip=("system", "residency"))
-    sweep.add_argument("--systems", default="all", help="comma-separated system names, or 'all' (default)")
+    sweep.add_argument("--systems", default="baselines",
+                       help="comma-separated system names, 'baselines' (default: those that need no forecaster) or 'all'")
     sweep.add_argument("--residencies", default=DEFAULT_RESIDENCIES, help=f"comma-separated residencies (default: {DEFAULT_RESIDENCIES})")
     sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
     sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")

@@ -35,6 +35,8 @@ class SimConfig:
     """Fraction of all experts the device pool holds, in (0, 1]."""
     system: str = "on-demand-lru"
     """Memory-management system (see `seqmoe systems`)."""
+    predictor: str | None = None
+    """Trained forecaster directory (`seqmoe train`) for the seqmoe systems; default: train one on --train (cached)."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 

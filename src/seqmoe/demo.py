@@ -16,7 +16,7 @@ from seqmoe.bench.report import format_table, write_jsonl
 from seqmoe.config import SimConfig
 from seqmoe.errors import UserError
 from seqmoe.sim.run import load_workload, run_sweep
-from seqmoe.systems import SYSTEMS
+from seqmoe.systems import baselines
 from seqmoe.trace.synthetic import generate_trace, load_default_params
 
 RESIDENCIES = (0.25, 0.45, 0.65)
@@ -33,9 +33,9 @@ def run_demo(*, num_tokens: int = 1500, out_dir: str | Path = "results/demo", pr
                     model_profile="deepseek-v2-lite", hardware="h100-pcie5")
     workload = load_workload(cfg, train=train, test=test)
     print(f"seqmoe demo: {num_tokens} synthetic DeepSeek-V2-Lite tokens ({test.num_requests} requests), "
-          f"h100-pcie5 profile, {len(SYSTEMS)} systems x residencies {list(RESIDENCIES)}", file=sys.stderr)
+          f"h100-pcie5 profile, {len(baselines())} systems x residencies {list(RESIDENCIES)}", file=sys.stderr)
     rows = []
-    for row in run_sweep(cfg, list(SYSTEMS), RESIDENCIES, workload=workload, progress=progress):
+    for row in run_sweep(cfg, baselines(), RESIDENCIES, workload=workload, progress=progress):
         rows.append(row)
         print(f"  {row['system']:>26} r={row['residency']:.2f} hit={row['hit_rate']:.3f}", file=sys.stderr)
     out = Path(out_dir)

@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from seqmoe.cache import BeladyPolicy, FutureUses, LayerLRUPolicy, LFUPolicy, LRUPolicy, belady_schedule
 from seqmoe.errors import UserError
 from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
+from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
+from seqmoe.schedule.deadline import DeadlinePrefetcher
 from seqmoe.sim.replay import System
 from seqmoe.trace.schema import RoutingTrace
 
@@ -31,6 +33,8 @@ class SystemInputs:
     """C, slots in the pool."""
     start: tuple[int, ...]
     """The start placement every system shares."""
+    predictor: object | None = None
+    """A trained `SeqPredictor` for the seqmoe systems (`seqmoe.predict.cache.seq_predictor_for`)."""
 
 
 @dataclass(frozen=True)
@@ -38,19 +42,26 @@ class SystemSpec:
     name: str
     summary: str
     build: Callable[[SystemInputs], System]
+    needs_predictor: bool
+    """Needs a trained seq2seq forecaster (`SystemInputs.predictor`)."""
 
 
 SYSTEMS: dict[str, SystemSpec] = {}
 
 
-def register_system(name: str, summary: str):
+def register_system(name: str, summary: str, *, needs_predictor: bool = False):
     """Decorator: register `fn(inputs) -> System` under `name`."""
 
     def deco(fn):
-        SYSTEMS[name] = SystemSpec(name, summary, fn)
+        SYSTEMS[name] = SystemSpec(name, summary, fn, needs_predictor)
         return fn
 
     return deco
+
+
+def baselines() -> list[str]:
+    """The systems that need no trained forecaster."""
+    return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor]
 
 
 def build_system(name: str, inputs: SystemInputs) -> System:
@@ -101,3 +112,39 @@ def _oracle(inp: SystemInputs) -> System:
     future = FutureUses(uids, t.num_layers * t.num_experts)
     schedule = belady_schedule(uids, inp.capacity, inp.start, future)
     return System("oracle-prefetch", BeladyPolicy(future), None, OraclePrefetcher(schedule))
+
+
+class _Feeding:
+    """A prefetcher that first hands each forecast to a `ForecastPolicy` (which needs it to rank)."""
+
+    def __init__(self, policy: ForecastPolicy, inner) -> None:
+        self.policy, self.inner = policy, inner
+
+    def plan(self, forecast, view) -> None:
+        self.policy.update(forecast, view.step)
+        self.inner.plan(forecast, view)
+
+
+def _seq(inp: SystemInputs):
+    if inp.predictor is None:
+        raise UserError("this system needs a trained forecaster: pass --predictor DIR (see `seqmoe train`)")
+    inp.predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
+    return inp.predictor
+
+
+@register_system("seqmoe", "seq2seq forecast, deadline-aware joint prefetch, probabilistic Belady eviction", needs_predictor=True)
+def _seqmoe(inp: SystemInputs) -> System:
+    policy = ForecastPolicy.from_trace(inp.train)
+    return System("seqmoe", policy, _seq(inp), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-greedy-prefetch", "ablation: seqmoe with greedy threshold prefetch instead of deadline scheduling", needs_predictor=True)
+def _seqmoe_greedy(inp: SystemInputs) -> System:
+    policy = ForecastPolicy.from_trace(inp.train)
+    return System("seqmoe-greedy-prefetch", policy, _seq(inp), _Feeding(policy, GreedyPrefetcher(min_prob=0.3)))
+
+
+@register_system("seqmoe-markov-forecast", "ablation: seqmoe with a first-order Markov (affinity) forecast instead of seq2seq")
+def _seqmoe_markov(inp: SystemInputs) -> System:
+    policy = ForecastPolicy.from_trace(inp.train)
+    return System("seqmoe-markov-forecast", policy, AffinityPredictor(inp.train), DeadlinePrefetcher(policy))

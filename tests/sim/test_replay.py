@@ -12,16 +12,16 @@ from seqmoe.errors import UserError
 from seqmoe.sim.placement import capacity_for, start_placement
 from seqmoe.sim.replay import simulate
 from seqmoe.sim.result import summarize
-from seqmoe.systems import SYSTEMS, SystemInputs, build_system
+from seqmoe.systems import SystemInputs, baselines, build_system
 from tests.conftest import make_trace, tiny_hardware, tiny_model
 
 DEMAND_ONLY = ("on-demand-lru", "on-demand-lfu", "mixtral-offloading-style")
 
 
-def replay(name, train, test, residency, hw=None):
+def replay(name, train, test, residency, hw=None, predictor=None):
     C = capacity_for(residency, test.num_layers, test.num_experts)
     start = start_placement(train, C)
-    system = build_system(name, SystemInputs(train=train, test=test, capacity=C, start=tuple(start)))
+    system = build_system(name, SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=predictor))
     model = tiny_model(test)
     c = simulate(test, system, model=model, hardware=hw or tiny_hardware(), capacity=C, start=start)
     return c, summarize(c, expert_bytes=model.expert_bytes, belady_misses=belady_misses(test.uids(), C, start))
@@ -32,7 +32,7 @@ def replay(name, train, test, residency, hw=None):
 def test_metric_invariants_for_every_system(seed, residency):
     train, test = make_trace(seed=seed), make_trace(seed=seed + 1, num_tokens=80)
     hits = {}
-    for name in SYSTEMS:
+    for name in baselines():
         c, m = replay(name, train, test, residency)
         assert m["activations"] == test.num_tokens * test.num_layers * test.top_k
         assert m["ready_rate"] + m["late_rate"] + m["miss_rate"] == pytest.approx(1.0)
@@ -49,7 +49,7 @@ def test_metric_invariants_for_every_system(seed, residency):
 
 def test_full_residency_never_misses():
     train, test = make_trace(seed=3), make_trace(seed=4)
-    for name in SYSTEMS:
+    for name in baselines():
         c, m = replay(name, train, test, 1.0)
         assert c.misses == 0 and c.copies == 0 and m["full_load_fraction"] == pytest.approx(1.0)
 
@@ -84,7 +84,7 @@ def test_demand_only_lru_has_no_late_hits_and_stalls_one_copy_per_missed_layer_a
 
 def test_replay_is_deterministic():
     train, test = make_trace(seed=11), make_trace(seed=12)
-    for name in SYSTEMS:
+    for name in baselines():
         a, _ = replay(name, train, test, 0.4)
         b, _ = replay(name, train, test, 0.4)
         assert (a.ready, a.late, a.misses, a.copies, a.time_s) == (b.ready, b.late, b.misses, b.copies, b.time_s)

@@ -19,6 +19,7 @@ from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
 from seqmoe.errors import UserError
+from seqmoe.predict.cache import seq_predictor_for
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim.placement import capacity_for, check_residency, start_placement
 from seqmoe.sim.replay import simulate
@@ -41,6 +42,7 @@ class Workload:
     hardware: HardwareProfile
     test_uids: np.ndarray  # [T, L, K] int64
     future: FutureUses
+    predictors: dict = dataclasses.field(default_factory=dict)  # forecasters loaded so far, by checkpoint path
 
 
 def check_systems(names) -> None:
@@ -91,7 +93,13 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, _bound_cache
         n_opt = belady_misses(w.test_uids, capacity, start, w.future)
         if _bound_cache is not None:
             _bound_cache[key] = n_opt
-    system = build_system(cfg.system, SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start)))
+    predictor = None
+    if SYSTEMS[cfg.system].needs_predictor:
+        if cfg.predictor not in w.predictors:
+            w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
+        predictor = w.predictors[cfg.predictor]
+    inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor)
+    system = build_system(cfg.system, inputs)
     t0 = time.perf_counter()
     counts = simulate(test, system, model=w.model, hardware=w.hardware, capacity=capacity, start=start, progress=progress)
     wall = time.perf_counter() - t0

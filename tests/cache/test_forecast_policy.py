@@ -1,0 +1,126 @@
+"""ForecastPolicy (probabilistic Belady) against exact Belady when the forecast is certain.
+
+Run: pytest tests/cache/test_forecast_policy.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqmoe.cache import BeladyPolicy, FutureUses, belady_schedule
+from seqmoe.cache.belady import NEVER
+from seqmoe.cache.forecast import ForecastPolicy
+from seqmoe.predict.base import Forecast
+from seqmoe.predict.oracle import OracleForecaster
+from seqmoe.sim.placement import start_placement, uid_counts
+from tests.conftest import make_trace
+
+
+def paging_with_certain_forecast(trace, train, capacity, horizon, tau):
+    """Demand paging (a layer's K experts pinned together) with ForecastPolicy fed the true future.
+
+    Belady runs in lockstep on the same state; at every eviction both victims are compared.
+
+    Returns:
+        (misses, [(ours next use, Belady's next use, horizon end)] per eviction).
+    """
+    uids = trace.uids()
+    L, E = trace.num_layers, trace.num_experts
+    future = FutureUses(uids, L * E)
+    ours = ForecastPolicy(uid_counts(train) / train.num_tokens, num_layers=L, num_experts=E, tau=tau)
+    belady, oracle = BeladyPolicy(future), OracleForecaster(trace, horizon)
+    start = start_placement(train, capacity)
+    ours.reset(start)
+    belady.reset(start)
+    resident, misses, evictions = set(start), 0, []
+    ours.update(oracle.predict(-1), -1)
+    for step, needed in enumerate(uids.reshape(-1, uids.shape[2]).tolist()):
+        pinned = set(needed)
+        for u in needed:
+            if u in resident:
+                ours.access(u, step)
+                belady.access(u, step)
+        for u in needed:
+            if u in resident:
+                continue
+            misses += 1
+            if len(resident) >= capacity:
+                v, b = ours.victim(u, pinned), belady.victim(u, pinned)
+                evictions.append((future.next_use(v, step), belady.next_use(b), step - 1 + horizon))
+                for p in (ours, belady):
+                    p.remove(v)
+                resident.discard(v)
+            resident.add(u)
+            for p in (ours, belady):
+                p.insert(u, step)
+                p.access(u, step)
+        ours.update(oracle.predict(step), step)  # the forecast made once the layer routed
+    return misses, evictions
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), horizon=st.integers(1, 60), capacity=st.integers(2, 20))
+def test_certain_forecast_evicts_what_belady_evicts_within_the_horizon(seed, horizon, capacity):
+    train, trace = make_trace(seed=seed, num_tokens=60), make_trace(seed=seed + 1, num_tokens=60)
+    _, evictions = paging_with_certain_forecast(trace, train, capacity, horizon, tau=4.0)
+    for ours, belady, end in evictions:
+        if belady <= end:  # Belady's victim is used within the horizon: the same next use
+            assert ours == belady
+        else:  # only "beyond the horizon" is known: ours is beyond it too
+            assert ours > end
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), capacity=st.integers(2, 20))
+def test_misses_equal_belady_when_the_horizon_covers_the_trace(seed, capacity):
+    train, trace = make_trace(seed=seed, num_tokens=50), make_trace(seed=seed + 1, num_tokens=50)
+    horizon = trace.num_tokens * trace.num_layers
+    misses, evictions = paging_with_certain_forecast(trace, train, capacity, horizon, tau=horizon / 20)
+    start = start_placement(train, capacity)
+    assert misses == len(belady_schedule(trace.uids(), capacity, start))
+    assert all(o == b or (o == NEVER) == (b == NEVER) for o, b, _ in evictions)
+
+
+def test_never_evicts_pinned_and_none_when_all_pinned():
+    policy = ForecastPolicy(np.full(8, 0.25), num_layers=2, num_experts=4)
+    policy.reset([0, 1, 2])
+    assert policy.victim(5, {0, 1, 2}) is None
+    for _ in range(20):
+        assert policy.victim(5, {2}) in (0, 1)
+
+
+def test_keep_value_prefers_likely_and_near_uses():
+    L, E = 2, 4  # uids 0-3: layer 0, uids 4-7: layer 1
+    policy = ForecastPolicy(np.full(L * E, 0.5), num_layers=L, num_experts=E, tau=4.0)
+    policy.reset(list(range(L * E)))
+    probs = np.array([[0.9, 0.0, 0.2, 0.0], [0.0, 0.0, 0.9, 0.0], [0.0, 0.9, 0.2, 0.0]])
+    policy.update(Forecast(np.array([2, 3, 4]), probs), step=1)  # layers 0, 1, 0
+    v = policy.keep_value(np.arange(L * E))
+    assert v[0] > v[1]  # the same probability, nearer
+    assert v[1] > v[2] > v[3]  # likely beats unlikely beats "certainly not within the horizon"
+    assert v[6] > v[4] == v[5]
+    policy.update(None, step=2)  # position 2 revealed: its row no longer counts
+    assert policy.keep_value([0])[0] < v[0]
+
+
+def test_ties_go_to_the_least_recently_used():
+    policy = ForecastPolicy(np.full(4, 0.5), num_layers=1, num_experts=4)
+    policy.reset([0, 1, 2, 3])  # most valuable first: 3 is the least recent
+    assert policy.victim(9, set()) == 3
+    policy.access(3, 0)
+    assert policy.victim(9, set()) == 2
+
+
+def test_cheapest_is_sorted_by_value_then_recency():
+    policy = ForecastPolicy(np.array([0.9, 0.1, 0.5, 0.1]), num_layers=1, num_experts=4)
+    policy.reset([0, 1, 2, 3])
+    uids, values = policy.cheapest(3)
+    assert uids.tolist() == [3, 1, 2] and np.all(np.diff(values) >= 0)
+
+
+def test_rejects_wrong_use_rate_shape():
+    with pytest.raises(ValueError, match="L \\* E"):
+        ForecastPolicy(np.ones(5), num_layers=2, num_experts=4)
