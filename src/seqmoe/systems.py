@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from seqmoe.cache import BeladyPolicy, FutureUses, LayerLRUPolicy, LFUPolicy, LRUPolicy, belady_schedule
 from seqmoe.errors import UserError
 from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
@@ -142,6 +144,25 @@ def _seqmoe(inp: SystemInputs) -> System:
 def _seqmoe_greedy(inp: SystemInputs) -> System:
     policy = ForecastPolicy.from_trace(inp.train)
     return System("seqmoe-greedy-prefetch", policy, _seq(inp), _Feeding(policy, GreedyPrefetcher(min_prob=0.3)))
+
+
+class _LRUVictims(ForecastPolicy):
+    """Ablation: keep the forecast valuation (the scheduler's profits) but evict least recently used."""
+
+    def victim(self, incoming: int, pinned) -> int | None:
+        last = np.where(self._resident, self._last, np.inf)
+        last[[u for u in pinned if self._resident[u]]] = np.inf
+        i = int(np.argmin(last))
+        return None if last[i] == np.inf else i
+
+    def victim_at(self, step: int, max_harm: float) -> tuple[int | None, bool]:
+        return self.victim(-1, ()), False
+
+
+@register_system("seqmoe-lru-eviction", "ablation: seqmoe with LRU eviction instead of probabilistic Belady", needs_predictor=True)
+def _seqmoe_lru(inp: SystemInputs) -> System:
+    policy = _LRUVictims.from_trace(inp.train)
+    return System("seqmoe-lru-eviction", policy, _seq(inp), DeadlinePrefetcher(policy))
 
 
 @register_system("seqmoe-markov-forecast", "ablation: seqmoe with a first-order Markov (affinity) forecast instead of seq2seq")
