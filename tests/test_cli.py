@@ -106,3 +106,10 @@ def test_demo_runs_on_embedded_data(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {r["system"] for r in summary["rows"]} >= {"on-demand-lru", "oracle-prefetch"}
     assert (tmp_path / "results.jsonl").exists() and (tmp_path / "hit_rate.png").exists()
+
+
+def test_max_tokens_replays_a_prefix(files, capsys):
+    assert main(sim_args(files, "--max-tokens", "7", "--json")) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["num_tokens"] == 7 and row["activations"] == 7 * 26 * 6
+    assert main(sim_args(files, "--max-tokens", "0")) == 2

@@ -27,6 +27,8 @@ class SimConfig:
     """Training trace (learned statistics, start placement); default: split --trace by request."""
     test_fraction: float = 0.2
     """Without --train: the share of --trace's requests replayed (the rest trains)."""
+    max_tokens: int | None = None
+    """Replay only the first N tokens of the replayed trace (quick looks; default: all)."""
     model_profile: str = "deepseek-v2-lite"
     """Model profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
     hardware: str = "h100-pcie5"
@@ -45,6 +47,8 @@ class SimConfig:
             raise UserError(f"--residency must be in (0, 1], got {self.residency}")
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise UserError(f"--max-tokens must be at least 1, got {self.max_tokens}")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -73,7 +77,7 @@ def add_config_flags(parser, cls, skip: tuple[str, ...] = ()) -> None:
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        typ = {"float": float, "int": int}.get(str(f.type), str)
+        typ = {"float": float, "int": int, "int | None": int}.get(str(f.type), str)
         required = f.default is dataclasses.MISSING
         default = None if required else f.default
         suffix = "" if required or default is None else f" (default: {default})"

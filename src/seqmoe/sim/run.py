@@ -60,6 +60,8 @@ def load_workload(cfg: SimConfig, *, train: RoutingTrace | None = None, test: Ro
             train, test = split_trace(test, test_fraction=cfg.test_fraction, seed=cfg.seed)
     if train is None:
         train = load_trace(cfg.train)
+    if cfg.max_tokens is not None:
+        test = test.head(cfg.max_tokens)
     for name, t in (("--trace", test), ("--train", train)):
         if (t.num_layers, t.num_experts, t.top_k) != (model.num_layers, model.num_experts, model.top_k):
             raise UserError(
