@@ -43,6 +43,7 @@ class Workload:
     test_uids: np.ndarray  # [T, L, K] int64
     future: FutureUses
     predictors: dict = dataclasses.field(default_factory=dict)  # forecasters loaded so far, by checkpoint path
+    belady_misses: dict = dataclasses.field(default_factory=dict)  # N_opt by capacity, computed once
 
 
 def check_systems(names) -> None:
@@ -83,18 +84,14 @@ def host_info() -> dict:
             "numpy": np.__version__, "platform": platform.platform(), "processor": platform.machine()}
 
 
-def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, _bound_cache: dict | None = None) -> dict:
+def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     """Replay `w.test` with `cfg.system` at `cfg.residency`; the result row as a dict."""
     test = w.test
     capacity = capacity_for(cfg.residency, test.num_layers, test.num_experts)
     start = start_placement(w.train, capacity)
-    key = capacity
-    if _bound_cache is not None and key in _bound_cache:
-        n_opt = _bound_cache[key]
-    else:
-        n_opt = belady_misses(w.test_uids, capacity, start, w.future)
-        if _bound_cache is not None:
-            _bound_cache[key] = n_opt
+    if capacity not in w.belady_misses:
+        w.belady_misses[capacity] = belady_misses(w.test_uids, capacity, start, w.future)
+    n_opt = w.belady_misses[capacity]
     predictor = None
     if SYSTEMS[cfg.system].needs_predictor:
         if cfg.predictor not in w.predictors:
@@ -122,7 +119,6 @@ def run_sweep(cfg: SimConfig, systems, residencies, *, workload: Workload | None
     for r in residencies:
         check_residency(r)  # before any work
     w = workload or load_workload(cfg)
-    bounds: dict = {}
     for r in residencies:
         for name in systems:
-            yield run_one(w, dataclasses.replace(cfg, system=name, residency=r), progress=progress, _bound_cache=bounds)
+            yield run_one(w, dataclasses.replace(cfg, system=name, residency=r), progress=progress)
