@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from seqmoe.cache import BeladyPolicy, FutureUses, belady_misses
 from seqmoe.cache.forecast import ForecastPolicy
+from seqmoe.predict.base import Forecast
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.schedule.deadline import DeadlinePrefetcher, plan_jobs, plan_jobs_general, slots_by_deadline
 from seqmoe.sim.placement import capacity_for, start_placement
@@ -117,3 +118,36 @@ def test_perfect_forecast_of_the_whole_trace_copies_what_belady_copies_and_soone
     assert c.copies == b.copies and c.wasted_copies == 0
     assert ours["hit_rate"] > 0.95 > (b.ready + b.late) / (b.ready + b.late + b.misses)
     assert c.time_s < b.time_s
+
+
+class BusyView:
+    """A pool view whose channel is booked far ahead (no room to issue); records cancellations."""
+
+    def __init__(self, num_layers, num_experts):
+        self.step, self.now, self.copy_time_s = 0, 0.0, 1.0
+        self.num_layers, self.num_experts = num_layers, num_experts
+        self.cancelled = []
+
+    def eta(self, step):
+        return self.now + (np.asarray(step) - self.step) * 0.1
+
+    def backlog_end(self):
+        return 100.0
+
+    def present_mask(self):
+        return np.zeros(self.num_layers * self.num_experts, dtype=np.uint8)
+
+    def cancel(self, uid):
+        self.cancelled.append(uid)
+        return True
+
+
+def test_queued_prefetches_the_forecast_dropped_are_cancelled():
+    policy = ForecastPolicy(np.full(4, 0.5), num_layers=1, num_experts=4)
+    policy.reset([0, 1])
+    prefetcher, view = DeadlinePrefetcher(policy, min_prob=0.1), BusyView(1, 4)
+    prefetcher._queued = {2: 5, 3: 6, 1: 0}  # 1's position has passed
+    probs = np.zeros((6, 4))
+    probs[4, 2] = 0.9  # 2 still expected at position 5; 3 no longer
+    prefetcher.plan(Forecast(np.arange(1, 7), probs), view)
+    assert view.cancelled == [3] and prefetcher._queued == {2: 5}

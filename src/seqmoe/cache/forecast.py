@@ -131,7 +131,7 @@ class ForecastPolicy:
         self._step = -1  # latest position known to be revealed
         self._version = 0  # bumped by every new forecast
         self._cache_key: tuple[int, int] | None = None
-        self._values = np.zeros(n)
+        self._values, self._unused = np.zeros(n), np.ones(n)
 
     def insert(self, uid: int, step: int) -> None:
         self._resident[uid] = True
@@ -165,9 +165,14 @@ class ForecastPolicy:
         """[L * E] float64 keep values (a cached array: do not modify)."""
         key = (self._step, self._version)
         if key != self._cache_key:
-            self._values = self._compute(self._step)
+            self._values, self._unused = self._compute(self._step)
             self._cache_key = key
         return self._values
+
+    def use_prob(self, uids) -> np.ndarray:
+        """[N] float64, probability that each uid is used within the forecast (0 without one)."""
+        self.values()
+        return 1.0 - self._unused[uids]
 
     def victim_at(self, step: int, max_harm: float) -> tuple[int | None, bool]:
         """Whom a copy needed at `step` should displace, decided now (conservative prefetching).
@@ -184,7 +189,7 @@ class ForecastPolicy:
 
         Returns:
             (victim, wait): the resident to evict (None when nothing is resident) and whether the
-            copy should wait for a later decision instead.
+            copy should wait for a later decision instead. The victim may be pinned right now.
         """
         uid, s, p = self._entries
         m = (s > self._step) & (s < step)
@@ -193,8 +198,10 @@ class ForecastPolicy:
         free = self.values().copy()
         free[busy] = np.inf
         victim = self.cheapest_resident(free)
-        if victim is None or not busy.any():
+        if not busy.any():
             return victim, False
+        if victim is None:  # every resident is likely needed before `step`
+            return None, True
         # Values at `step` (uses at `step` count: those experts are pinned then) of the busy ones.
         sel = busy[uid] & (s >= step)
         value, stay = _first_use(uid[sel], s[sel], p[sel], step - 1, self.tau, self._L * self._E)
@@ -240,12 +247,12 @@ class ForecastPolicy:
         if step > self._step:
             self._step = step
 
-    def _compute(self, cur: int) -> np.ndarray:
-        """Keep values of all uids with positions <= `cur` revealed: [L * E] float64."""
+    def _compute(self, cur: int) -> tuple[np.ndarray, np.ndarray]:
+        """With positions <= `cur` revealed: keep values [L * E] and P(no forecast use) [L * E]."""
         uid, s, p = self._entries
         m = s > cur
         value, survive = _first_use(uid[m], s[m], p[m], cur, self.tau, self._L * self._E)
-        return value + survive * self._tail(cur)
+        return value + survive * self._tail(cur), survive
 
     def _tail(self, cur: int) -> np.ndarray:
         """[L * E] value of a use beyond the forecast, seen from `cur`: discount times the prior."""

@@ -1,17 +1,19 @@
 """Prefetch scheduling as job sequencing with deadlines, driven by a forecast and ForecastPolicy.
 
 Each candidate copy is a job: its deadline is when its layer starts computing (the view's `eta` at
-the measured pace), its length the copy time, its profit the keep value it brings (the policy's
-discounted probability of use) minus the keep value of the resident it displaces. The planner picks
-the most profitable set of copies that all finish by their deadlines on the one channel.
+the measured pace), its length the copy time, its profit the expected hits it adds (the forecast
+probability that its expert is used) less the expected hits lost by evicting its victim when the
+copy turns out wasted. The planner picks the most profitable set of copies that all finish by their
+deadlines on the one channel.
 
     planned = plan_jobs(deadlines, profits, length=copy_s, start=channel_free_at)   # pure
     prefetcher = DeadlinePrefetcher(ForecastPolicy.from_trace(train))               # stateful
 
 The prefetcher re-plans at every decision point (each token start, each layer's reveal and end)
-but issues only the head of the plan, the copies the channel would start before the next decision
-point: `view.prefetch` evicts the victim at once, so a copy issued long before it runs evicts too
-early (docs/LOG.md, "aggressive" oracle prefetch), and a later plan sees a newer forecast.
+but issues only the head of the plan, a few copies ahead of the channel: `view.prefetch` evicts the
+victim at once, so a copy issued long before it runs commits its victim early, and a later plan
+sees a newer forecast. Victims are chosen as Belady would choose them at each copy's own use
+(docs/LOG.md: the "aggressive" oracle prefetch shows what evicting early costs).
 """
 
 from __future__ import annotations
@@ -95,7 +97,8 @@ def plan_jobs_general(deadlines: np.ndarray, profits: np.ndarray, lengths: np.nd
     (Karp 1972; Lawler and Moore 1969 give a pseudo-polynomial DP). This takes jobs by profit
     density (profit / length), highest first, and keeps a job if the set stays feasible, checked by
     running it earliest deadline first (EDF meets every deadline iff any order does). With equal
-    lengths it makes the same choices as `plan_jobs`, so it is optimal there.
+    lengths it takes jobs in the same order as `plan_jobs` and keeps the same set, so it is optimal
+    there.
 
     Args:
         deadlines: [N] float seconds.
@@ -122,23 +125,31 @@ class DeadlinePrefetcher:
     """Re-plan the copies as job sequencing with deadlines at every decision point; issue the head.
 
     Candidates are the absent uids forecast with probability >= `min_prob` at some coming position
-    (the earliest such position gives the deadline). The i-th most valuable candidate is paired with
-    the i-th cheapest resident (`ForecastPolicy.cheapest`); its profit is the difference of their
-    keep values, and pairs not above `margin` are dropped. `plan_jobs` chooses and orders the
-    on-time jobs from `view.backlog_end()`; the jobs that cannot be on time follow, earliest
-    deadline first (a late copy still starts before the demand copy would). Only as many copies
-    as the channel starts within the lead are issued.
+    (the earliest such position gives the deadline). A copy adds the probability that its expert is
+    used within the forecast (the expected hits it brings) and loses the keep value of the resident
+    it displaces (about the probability of that one's next use, discounted) when the copy turns out
+    wasted: the i-th most valuable candidate is paired with the i-th cheapest resident
+    (`ForecastPolicy.cheapest`). Pairs whose profit is not above `margin` are dropped: in a
+    copy-bound regime a wasted copy costs a whole copy of channel time, so `margin` is about the
+    break-even probability of a copy. So
+    are pairs where the newcomer's keep value is below its victim's (it would be the next one
+    evicted: fetched too far ahead). `plan_jobs` picks the best set that can be on time from
+    `view.backlog_end()`; jobs too late to be on time whatever happens stay too (a late copy still
+    starts before the demand copy would). These are issued earliest deadline first, as long as
+    the channel's backlog is shorter than the lead.
 
-    Each issued copy displaces the resident Belady would evict *at the copy's own position* (lowest
-    keep value counting uses from then on, `ForecastPolicy.victim_at`), and only once that resident is
-    unlikely (<= `max_harm`) to be used before then: otherwise the copy waits for a later plan.
-    Displacing the cheapest resident *now* instead evicts experts that a later layer would have
-    freed anyway and costs extra copies ("aggressive" prefetching, docs/LOG.md).
+    Each issued copy displaces the resident this policy will rank cheapest *at the copy's own
+    position* (Belady's victim then, with a certain forecast; `ForecastPolicy.victim_at`), and only
+    once that resident is unlikely (<= `max_harm`) to be used before then: otherwise the copy waits
+    for a later plan. Displacing the cheapest resident *now* instead evicts experts that a later
+    layer would have freed anyway and costs extra copies ("aggressive" prefetching, docs/LOG.md).
+    Queued copies whose expert a new forecast no longer expects are cancelled when the view
+    offers `cancel(uid)`.
 
     Args:
         policy: the pool's eviction policy; it gets every forecast through `update`.
         min_prob: smallest forecast probability worth a job.
-        margin: smallest profit (in keep-value units) worth a copy.
+        margin: smallest profit (expected hits gained, `_profit`) worth a copy.
         max_harm: largest probability that the displaced expert is used before the copy's position.
         max_jobs: most candidates planned per call (the channel rarely fits more within a horizon).
         max_tries: most planned jobs examined per call for issue.
@@ -149,21 +160,23 @@ class DeadlinePrefetcher:
 
     replan_after_compute = True  # a layer's experts unpin when it finishes: new victims
 
-    def __init__(self, policy: ForecastPolicy, *, min_prob: float = 0.05, margin: float = 0.0,
-                 max_harm: float = 0.05, max_jobs: int = 64, max_tries: int = 4,
-                 lead_copies: float | None = None) -> None:
+    def __init__(self, policy: ForecastPolicy, *, min_prob: float = 0.05, margin: float = 0.5,
+                 max_harm: float = 0.05, max_jobs: int = 64, max_tries: int = 8,
+                 lead_copies: float | None = 4.0) -> None:
         self.policy = policy
         self.min_prob, self.margin, self.max_harm = min_prob, margin, max_harm
         self.max_jobs, self.max_tries, self.lead_copies = max_jobs, max_tries, lead_copies
+        self._queued: dict[int, int] = {}  # uid -> position, prefetches issued and maybe still queued
 
     def plan(self, forecast: Forecast | None, view: PoolView) -> None:
         self.policy.update(forecast, view.step)  # None (after a layer's compute): keep the last one
+        if forecast is not None and self._queued and hasattr(view, "cancel"):
+            self._cancel_stale(view)
         start, copy = view.backlog_end(), view.copy_time_s
-        if self.lead_copies is None:
-            lead = float(view.eta(view.step + 1)) - view.now
-        else:
-            lead = self.lead_copies * copy
-        room = int(np.ceil((view.now + lead - start) / copy))  # slots that start before now + lead
+        lead = self.lead_copies
+        if lead is None:
+            lead = (float(view.eta(view.step + 1)) - view.now) / copy
+        room = int(np.ceil(lead - max(start - view.now, 0.0) / copy))  # copies that start within the lead
         if room <= 0:
             return
         jobs = self._jobs(view)
@@ -187,9 +200,30 @@ class DeadlinePrefetcher:
     def _issue(self, view: PoolView, uid: int, step: int, value: float) -> bool:
         """Prefetch `uid` for position `step` if its victim at that position is free now."""
         victim, wait = self.policy.victim_at(step, self.max_harm)
-        if wait or (victim is not None and value - self.policy.keep_value(victim) <= self.margin):
+        if wait:
             return False
-        return view.prefetch(uid, step, victim)  # False while the victim is pinned
+        if victim is not None:
+            cost = self.policy.keep_value(victim)
+            if _profit(value, cost) <= self.margin or self.policy.keep_value(uid) <= cost:
+                return False
+        if not view.prefetch(uid, step, victim):
+            return False  # the victim is pinned
+        self._queued[uid] = step
+        return True
+
+    def _cancel_stale(self, view) -> None:
+        """Cancel queued prefetches the new forecast no longer expects (p < `min_prob` everywhere).
+
+        Needs `view.cancel(uid) -> bool` (drop a copy that has not started and free its slot).
+        """
+        uids, _ = self.policy.first_uses(self.min_prob)
+        expected = set(uids.tolist())
+        for uid, step in list(self._queued.items()):
+            if step <= view.step:
+                del self._queued[uid]  # its layer has routed
+            elif uid not in expected:
+                view.cancel(uid)  # False once the copy has started: then it simply runs
+                del self._queued[uid]
 
     def _jobs(self, view: PoolView):
         """Candidate copies: uids [N], deadline steps [N], keep values [N], profits [N]; or None."""
@@ -198,11 +232,24 @@ class DeadlinePrefetcher:
         uids, steps = uids[absent], steps[absent]
         if not len(uids):
             return None
-        value = self.policy.keep_value(uids)
-        top = np.argsort(-value, kind="stable")[: self.max_jobs]
+        # The most valuable to keep (likely and near) first; the cheapest residents pair with them.
+        keep = self.policy.keep_value(uids)
+        top = np.argsort(-keep, kind="stable")[: self.max_jobs]
         _, cost = self.policy.cheapest(len(top))
         top = top[: len(cost)]
-        profit = value[top] - cost
-        ok = profit > self.margin  # a prefix: value falls and cost rises along `top`
+        value = self.policy.use_prob(uids[top])  # expected hits a copy adds (kept until its use)
+        profit = _profit(value, cost)
+        # Do no harm: the newcomer must be worth more than its victim, else it would be the next
+        # one evicted (a copy fetched too far ahead of its use).
+        ok = (profit > self.margin) & (keep[top] > cost)
         top = top[ok]
-        return uids[top], steps[top], value[top], profit[ok]
+        return uids[top], steps[top], value[ok], profit[ok]
+
+
+def _profit(use_prob, victim_keep):
+    """Expected hits a copy gains: its own use, less the victim's worth when the copy is wasted.
+
+    When the newcomer is used, its victim (chosen so that it is not needed before then) would have
+    been evicted for it anyway, by a demand copy; only a wasted copy loses the victim for nothing.
+    """
+    return use_prob - (1.0 - use_prob) * victim_keep
