@@ -16,6 +16,7 @@ import numpy as np
 from seqmoe.cache import BeladyPolicy, FutureUses, LayerLRUPolicy, LFUPolicy, LRUPolicy, belady_schedule
 from seqmoe.errors import UserError
 from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
+from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.schedule.deadline import DeadlinePrefetcher
@@ -169,3 +170,10 @@ def _seqmoe_lru(inp: SystemInputs) -> System:
 def _seqmoe_markov(inp: SystemInputs) -> System:
     policy = ForecastPolicy.from_trace(inp.train)
     return System("seqmoe-markov-forecast", policy, AffinityPredictor(inp.train), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-oracle-forecast", "seqmoe's scheduler and eviction fed the true next 20 tokens: its upper bound")
+def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
+    t = inp.test
+    policy = ForecastPolicy.from_trace(inp.train)
+    return System("seqmoe-oracle-forecast", policy, OracleForecaster(t, 20 * t.num_layers), DeadlinePrefetcher(policy))

@@ -193,8 +193,8 @@ class ForecastPolicy:
         """
         uid, s, p = self._entries
         m = (s > self._step) & (s < step)
-        _, survive = _first_use(uid[m], s[m], p[m], self._step, self.tau, self._L * self._E)
-        busy = self._resident & (survive < 1.0 - max_harm)  # likely used before `step`
+        unused = _survival(uid[m], p[m], self._L * self._E)
+        busy = self._resident & (unused < 1.0 - max_harm)  # likely used before `step`
         free = self.values().copy()
         free[busy] = np.inf
         victim = self.cheapest_resident(free)
@@ -280,6 +280,14 @@ def _sparse_entries(steps: np.ndarray, probs: np.ndarray, L: int, E: int, floor:
     uid = (steps[r] % L) * E + e
     order = np.argsort(uid, kind="stable")  # rows ascend, so steps ascend within a uid
     return uid[order], steps[r][order], np.minimum(probs[r, e][order].astype(np.float64), 1.0)
+
+
+def _survival(uid, p, n):
+    """[n] probability that no entry (uid [m], p [m]) is a use, per uid (independence assumed)."""
+    certain = p >= 1.0
+    log_stay = np.log1p(-np.where(certain, 0.0, p))
+    used = np.bincount(uid, weights=certain, minlength=n) > 0
+    return np.where(used, 0.0, np.exp(np.bincount(uid, weights=log_stay, minlength=n)))
 
 
 def _first_use(uid, step, p, cur, tau, n):

@@ -50,6 +50,10 @@ class PoolView(Protocol):
         eviction policy's choice is evicted.
         """
 
+    def cancel(self, uid: int) -> bool:
+        """Drop the queued prefetch of `uid` before its copy starts and free its slot (its victim
+        stays evicted); False if the copy has started or `uid` is not a queued prefetch."""
+
 
 class Prefetcher(Protocol):
     """Called at the start of each token and after each layer's routing is revealed.

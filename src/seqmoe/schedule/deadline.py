@@ -131,9 +131,9 @@ class DeadlinePrefetcher:
     wasted: the i-th most valuable candidate is paired with the i-th cheapest resident
     (`ForecastPolicy.cheapest`). Pairs whose profit is not above `margin` are dropped: in a
     copy-bound regime a wasted copy costs a whole copy of channel time, so `margin` is about the
-    break-even probability of a copy. So
-    are pairs where the newcomer's keep value is below its victim's (it would be the next one
-    evicted: fetched too far ahead). `plan_jobs` picks the best set that can be on time from
+    break-even probability of a copy. So are pairs where the newcomer's keep value is below its
+    victim's (it would be the next one evicted: fetched too far ahead). `plan_jobs` picks the best
+    set that can be on time from
     `view.backlog_end()`; jobs too late to be on time whatever happens stay too (a late copy still
     starts before the demand copy would). These are issued earliest deadline first, as long as
     the channel's backlog is shorter than the lead.
@@ -176,7 +176,7 @@ class DeadlinePrefetcher:
         lead = self.lead_copies
         if lead is None:
             lead = (float(view.eta(view.step + 1)) - view.now) / copy
-        room = int(np.ceil(lead - max(start - view.now, 0.0) / copy))  # copies that start within the lead
+        room = int(np.ceil(lead - max(start - view.now, 0.0) / copy))  # copies starting within the lead
         if room <= 0:
             return
         jobs = self._jobs(view)
@@ -191,15 +191,19 @@ class DeadlinePrefetcher:
         # victim the earlier one needed, and costs copies).
         order = np.flatnonzero(keep)
         order = order[np.argsort(deadlines[order], kind="stable")]
+        victims: dict[int, tuple[int | None, bool]] = {}  # per position; valid until a copy is issued
         for j in order[: self.max_tries].tolist():
-            if self._issue(view, int(uids[j]), int(steps[j]), value[j]):
+            step = int(steps[j])
+            if step not in victims:
+                victims[step] = self.policy.victim_at(step, self.max_harm)
+            if self._issue(view, int(uids[j]), step, value[j], *victims[step]):
+                victims.clear()
                 room -= 1
                 if room == 0:
                     break
 
-    def _issue(self, view: PoolView, uid: int, step: int, value: float) -> bool:
-        """Prefetch `uid` for position `step` if its victim at that position is free now."""
-        victim, wait = self.policy.victim_at(step, self.max_harm)
+    def _issue(self, view: PoolView, uid: int, step: int, value: float, victim: int | None, wait: bool) -> bool:
+        """Prefetch `uid` for position `step` unless its victim there (`victim_at`) must wait."""
         if wait:
             return False
         if victim is not None:

@@ -102,6 +102,17 @@ class _Replay:
         self.engine.prefetch(uid, deadline_step, self.now)
         return True
 
+    def cancel(self, uid: int) -> bool:
+        if uid not in self._pending or not self._unused_prefetch[uid] or not self.engine.cancel(uid):
+            return False  # not a queued prefetch: running, done, a demand copy, or needed now
+        self.system.policy.remove(uid)
+        self._present[uid] = self._unused_prefetch[uid] = 0
+        self._pending.discard(uid)
+        self.pinned.discard(uid)
+        self.num_present -= 1
+        self.c.cancelled += 1
+        return True
+
     # -- internals ------------------------------------------------------------------------------
     def _make_room(self, incoming: int, victim: int | None = None) -> bool:
         if self.num_present < self.capacity:
