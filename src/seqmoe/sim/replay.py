@@ -105,12 +105,7 @@ class _Replay:
     def cancel(self, uid: int) -> bool:
         if uid not in self._pending or not self._unused_prefetch[uid] or not self.engine.cancel(uid):
             return False  # not a queued prefetch: running, done, a demand copy, or needed now
-        self.system.policy.remove(uid)
-        self._present[uid] = self._unused_prefetch[uid] = 0
-        self._pending.discard(uid)
-        self.pinned.discard(uid)
-        self.num_present -= 1
-        self.c.cancelled += 1
+        self._free_cancelled(uid)
         return True
 
     # -- internals ------------------------------------------------------------------------------
@@ -138,13 +133,17 @@ class _Replay:
         uid = self.engine.cancel_latest_prefetch(needed)
         if uid is None:
             return False
+        self._free_cancelled(uid)
+        return True
+
+    def _free_cancelled(self, uid: int) -> None:
+        """A queued prefetch of `uid` was cancelled before its copy started: give its slot back."""
         self.system.policy.remove(uid)
         self._present[uid] = self._unused_prefetch[uid] = 0
         self._pending.discard(uid)
         self.pinned.discard(uid)
         self.num_present -= 1
         self.c.cancelled += 1
-        return True
 
     def _load(self, uid: int, step: int) -> None:
         self._present[uid] = 1
