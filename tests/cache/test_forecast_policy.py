@@ -12,10 +12,11 @@ from hypothesis import strategies as st
 
 from seqmoe.cache import BeladyPolicy, FutureUses, belady_schedule
 from seqmoe.cache.belady import NEVER
-from seqmoe.cache.forecast import ForecastPolicy
+from seqmoe.cache.forecast import ForecastPolicy, fit_reuse_table
 from seqmoe.predict.base import Forecast
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.sim.placement import start_placement, uid_counts
+from seqmoe.trace.schema import RoutingTrace, TraceMeta
 from tests.conftest import make_trace
 
 
@@ -124,3 +125,31 @@ def test_cheapest_is_sorted_by_value_then_recency():
 def test_rejects_wrong_use_rate_shape():
     with pytest.raises(ValueError, match="L \\* E"):
         ForecastPolicy(np.ones(5), num_layers=2, num_experts=4)
+
+
+def _bursty_trace():
+    """One layer, top-1: expert 0 in bursts of 4 tokens every 12; experts 1-3 take turns between."""
+    t = np.arange(600)
+    ids = np.where((t // 4) % 3 == 0, 0, 1 + t % 3).astype(np.int16)
+    return RoutingTrace(expert_ids=ids[:, None, None], request_offsets=np.array([0, 600]),
+                        meta=TraceMeta(num_experts=4))
+
+
+def test_reuse_prior_tells_bursts_from_steady_use():
+    table = fit_reuse_table(_bursty_trace(), tau=2.0, num_classes=1, num_gap_classes=6)
+    age, gaps = np.ones(4, dtype=np.int64), np.array([1, 3, 3, 3])  # per uid: last two uses 1 or 3 tokens apart
+    burst, steady = table.lookup(age, gaps)[:2]
+    assert burst > steady  # a burst is likely to go on next token; steady use comes back in 3
+    flat = fit_reuse_table(_bursty_trace(), tau=2.0, num_classes=1, num_gap_classes=1).lookup(age, gaps)
+    assert flat[0] == flat[1]  # without gap classes the prior cannot tell them apart
+
+
+def test_policy_tracks_the_gap_between_the_last_two_uses():
+    policy = ForecastPolicy.from_trace(_bursty_trace(), tau=2.0)
+    policy.reset([0, 1])
+    for step in (10, 11):  # uid 0: a burst
+        policy.access(0, step)
+    for step in (8, 11):  # uid 1: uses 3 tokens apart
+        policy.access(1, step)
+    v = policy.keep_value(np.array([0, 1]))
+    assert v[0] > v[1]

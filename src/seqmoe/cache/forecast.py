@@ -8,8 +8,10 @@ each uid gets a *keep value*, the expected discount of its next use:
 Within the forecast, u's first use at its layer's h-th forecast row has probability
 p_h * prod_{h' < h} (1 - p_h') (independence assumed). Past the last forecast position a learned
 prior takes over: `ReuseTable`, fitted on the training split, gives E[discount of the wait] for
-an expert unused for `a` tokens (recency matters far more than frequency on real traces: a
-frequency-only prior loses to LRU). With a certain forecast (one-hot rows) the keep value is
+an expert unused for `a` tokens, by frequency class and by the gap between its last two uses
+(recency matters far more than frequency on real traces: a frequency-only prior loses to LRU;
+the previous gap marks bursts: prior-only eviction at r=0.45 reaches bound fraction 0.409 with it,
+0.398 without, LRU 0.366). With a certain forecast (one-hot rows) the keep value is
 exp(-distance / tau), so the policy evicts exactly what Belady evicts whenever the victim's next use
 lies within the horizon; every use beyond the horizon is worth less than any certain use within it.
 Ties go to the least recently used.
@@ -47,15 +49,28 @@ class ReuseTable:
 
     values: np.ndarray
     uid_class: np.ndarray
+    num_gap_classes: int = 1
 
-    def lookup(self, age_tokens: np.ndarray) -> np.ndarray:
-        """[L * E] prior values for [L * E] ages (>= 1 token)."""
-        b = np.minimum(np.log2(np.maximum(age_tokens, 1)).astype(np.int64), self.values.shape[1] - 1)
-        return self.values[self.uid_class, b]
+    def lookup(self, age_tokens: np.ndarray, prev_gap_tokens: np.ndarray | None = None) -> np.ndarray:
+        """[L * E] prior values for [L * E] ages (>= 1 token) and gaps before the last use (0: none)."""
+        b = _log2_bucket(age_tokens, self.values.shape[1])
+        cls = self.uid_class * self.num_gap_classes
+        if prev_gap_tokens is not None and self.num_gap_classes > 1:
+            cls = cls + _gap_class(prev_gap_tokens, self.num_gap_classes)
+        return self.values[cls, b]
+
+
+def _log2_bucket(x: np.ndarray, n: int) -> np.ndarray:
+    return np.minimum(np.log2(np.maximum(x, 1)).astype(np.int64), n - 1)
+
+
+def _gap_class(prev_gap: np.ndarray, n: int) -> np.ndarray:
+    """0 for no earlier use, else 1 + log2 bucket of the gap (capped at n - 1)."""
+    return np.where(prev_gap > 0, np.minimum(1 + _log2_bucket(prev_gap, n), n - 1), 0)
 
 
 def fit_reuse_table(train: RoutingTrace, tau: float, *, num_buckets: int = 16, num_classes: int = 4,
-                    max_tokens: int = 60_000) -> ReuseTable:
+                    num_gap_classes: int = 1, max_tokens: int = 60_000) -> ReuseTable:
     """Fit a `ReuseTable` on (the first `max_tokens` tokens of) the training split."""
     train = train.head(max_tokens)
     T, L, _ = train.expert_ids.shape
@@ -65,20 +80,37 @@ def fit_reuse_table(train: RoutingTrace, tau: float, *, num_buckets: int = 16, n
     uid_class = np.searchsorted(np.quantile(rate, np.linspace(0, 1, num_classes + 1)[1:-1]), rate, side="right")
     lo = 2 ** np.arange(num_buckets)
     hi = np.r_[lo[1:] - 1, np.iinfo(np.int64).max // 4]
-    sums, counts = np.zeros((num_classes, num_buckets)), np.zeros((num_classes, num_buckets))
+    Q = num_classes * num_gap_classes
+    sums, counts = np.zeros((Q, num_buckets)), np.zeros((Q, num_buckets))
     keys = np.sort((train.uids().astype(np.int64) * (T + 1) + np.arange(T)[:, None, None]).reshape(-1))
     uid, tok = keys // (T + 1), keys % (T + 1)
     open_end = np.r_[uid[1:] != uid[:-1], True]  # a uid's last use: its gap runs to the end unseen
     gap = np.where(open_end, T - tok, np.r_[np.diff(tok), 0])
-    cls = uid_class[uid]
+    first = np.r_[True, open_end[:-1]]
+    prev_gap = np.where(first, 0, np.r_[0, np.diff(tok)])
+    cls = uid_class[uid] * num_gap_classes + _gap_class(prev_gap, num_gap_classes)
     for b in range(num_buckets):
         top = np.minimum(hi[b], gap)  # ages lo[b]..top of this gap fall in bucket b
         n = np.maximum(0, top - lo[b] + 1)
         # sum_{a = lo}^{top} rho^(gap - a), a geometric series; open gaps are worth 0.
         s = np.where(open_end | (n == 0), 0.0, rho ** (gap - top) * (1 - rho ** n) / (1 - rho))
-        sums[:, b] = np.bincount(cls, weights=s, minlength=num_classes)
-        counts[:, b] = np.bincount(cls, weights=n, minlength=num_classes)
-    return ReuseTable(sums / np.maximum(counts, 1), uid_class.astype(np.int64))
+        sums[:, b] = np.bincount(cls, weights=s, minlength=Q)
+        counts[:, b] = np.bincount(cls, weights=n, minlength=Q)
+    return ReuseTable(sums / np.maximum(counts, 1), uid_class.astype(np.int64), num_gap_classes)
+
+
+_FITTED: dict[tuple[int, float, int], tuple[RoutingTrace, ReuseTable]] = {}
+
+
+def _fitted_reuse_table(train: RoutingTrace, tau: float, num_gap_classes: int) -> ReuseTable:
+    """`fit_reuse_table`, fitted once per training trace object (sweeps build many policies)."""
+    key = (id(train), tau, num_gap_classes)
+    hit = _FITTED.get(key)
+    if hit is None or hit[0] is not train:  # the trace is kept alive with its table: ids stay unique
+        if len(_FITTED) >= 4:
+            _FITTED.clear()
+        hit = _FITTED[key] = (train, fit_reuse_table(train, tau, num_gap_classes=num_gap_classes))
+    return hit[1]
 
 
 class ForecastPolicy:
@@ -108,12 +140,13 @@ class ForecastPolicy:
         self.reset(())
 
     @classmethod
-    def from_trace(cls, train: RoutingTrace, *, tau: float | None = None, learned_reuse: bool = True) -> ForecastPolicy:
+    def from_trace(cls, train: RoutingTrace, *, tau: float | None = None, learned_reuse: bool = True,
+                   num_gap_classes: int = 6) -> ForecastPolicy:
         """The policy with use rates (and, by default, a reuse table) learned on the training split."""
         L, E = train.num_layers, train.num_experts
         tau = float(tau) if tau is not None else 2.0 * L
         counts = np.bincount(train.uids().reshape(-1), minlength=L * E)
-        reuse = fit_reuse_table(train, tau) if learned_reuse else None
+        reuse = _fitted_reuse_table(train, tau, num_gap_classes) if learned_reuse else None
         return cls(counts / train.num_tokens, num_layers=L, num_experts=E, tau=tau, reuse=reuse)
 
     # -- EvictionPolicy ---------------------------------------------------------------------------
@@ -122,6 +155,8 @@ class ForecastPolicy:
         self._resident = np.zeros(n, dtype=bool)
         self._last = np.zeros(n, dtype=np.int64)  # recency tick of the last insert or use
         self._last_step = np.full(n, -1, dtype=np.int64)  # position of the last use (or insert)
+        self._last_use = np.full(n, -1, dtype=np.int64)  # position of the last use
+        self._prev_gap = np.zeros(n, dtype=np.int64)  # tokens between the last two uses (0: one use or none)
         start = np.asarray(list(resident), dtype=np.int64)
         self._resident[start] = True
         self._last[start[::-1]] = np.arange(len(start))  # most valuable first = most recent
@@ -138,6 +173,9 @@ class ForecastPolicy:
         self._touch(uid, step)
 
     def access(self, uid: int, step: int) -> None:
+        last = self._last_use[uid]
+        self._prev_gap[uid] = (step - last) // self._L if last >= 0 else 0
+        self._last_use[uid] = step
         self._touch(uid, step)
 
     def victim(self, incoming: int, pinned: Container[int]) -> int | None:
@@ -263,7 +301,7 @@ class ForecastPolicy:
         # The first position of each layer after `end`, then the prior's expected wait.
         nxt = np.repeat(end + 1 + (np.arange(L) - (end + 1)) % L, E)  # [L * E]
         if self.reuse is not None:
-            prior = self.reuse.lookup((nxt - self._last_step) // L)
+            prior = self.reuse.lookup((nxt - self._last_step) // L, self._prev_gap)
         else:
             prior = self._geometric
         return np.exp(-(nxt - cur) / self.tau) * prior
