@@ -1,5 +1,6 @@
-"""`seqmoe trace ...`: import, inspect and split routing traces.
+"""`seqmoe trace ...`: collect, import, inspect and split routing traces.
 
+    seqmoe trace collect --model seqmoe-tiny --text prompts.txt --out tiny.safetensors --pregate 2
     seqmoe trace import ../shared/data/traces/deepseek-v2-lite-puffin --out puffin.safetensors
     seqmoe trace info puffin.safetensors --json
     seqmoe trace split puffin.safetensors --train train.safetensors --test test.safetensors --test-fraction 0.1
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from seqmoe._files import atomic_path
@@ -25,13 +27,15 @@ from seqmoe.trace.stats import summarize
 
 
 def add_trace_commands(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add `trace import|info|split` to the main parser's subparsers; returns the `trace` parser."""
+    """Add `trace collect|import|info|split` to the main parser's subparsers; returns the `trace` parser."""
     trace = subparsers.add_parser(
         "trace",
-        help="import, inspect and split routing traces",
-        description="Import routing traces from other formats, print their statistics, split them by request.",
+        help="collect, import, inspect and split routing traces",
+        description="Record routing traces from a transformers MoE model, import them from other formats, "
+        "print their statistics, split them by request.",
     )
     sub = trace.add_subparsers(dest="trace_command", metavar="SUBCOMMAND", required=True)
+    _add_collect(sub)
 
     imp = sub.add_parser(
         "import",
@@ -71,6 +75,75 @@ def add_trace_commands(subparsers: argparse._SubParsersAction) -> argparse.Argum
     split.add_argument("--seed", type=int, default=0, help="seed of the request permutation (default: 0)")
     split.set_defaults(func=run_split)
     return trace
+
+
+def _add_collect(sub: argparse._SubParsersAction) -> None:
+    col = sub.add_parser(
+        "collect",
+        help="record a trace by running a transformers MoE model over text",
+        description="Run a transformers MoE causal LM (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V2/V3, GPT-OSS, "
+        "...) over text, one request at a time, and record through hooks on its router modules the experts "
+        "and gate weights every token gets at every MoE layer, plus the token ids and request boundaries. "
+        "Needs torch and transformers (pip install 'seqmoe[hf]'); nothing is downloaded.",
+        epilog="The trace's layer axis counts MoE layers only (dense layers such as DeepSeek's first_k_dense_replace "
+        "are skipped); meta.extra['moe_layers'] maps it to decoder layer indices.",
+    )
+    col.add_argument("--model", required=True, metavar="PATH_OR_NAME",
+                     help="local model folder with config.json and a tokenizer, or seqmoe-tiny")
+    col.add_argument("--text", required=True, metavar="FILE_OR_DIR",
+                     help="UTF-8 text file, or a folder whose *.txt files (any depth, sorted) are read")
+    col.add_argument("--out", required=True, metavar="TRACE.safetensors", help="where to write the trace")
+    col.add_argument("--requests", choices=("paragraph", "file"), default="paragraph",
+                     help="one request per blank-line-separated paragraph (default) or per file")
+    col.add_argument("--mode", choices=("prompt", "decode"), default="prompt",
+                     help="prompt: one forward over each request (default); decode: greedy generate "
+                     "--new-tokens tokens after each request with KV cache, and record prompt + generated tokens")
+    col.add_argument("--new-tokens", type=int, default=32, metavar="N",
+                     help="tokens to generate per request in decode mode (default: 32)")
+    col.add_argument("--pregate", type=int, default=0, metavar="H",
+                     help="also record, for each MoE layer l, the logits that the routers of layers l+1..l+H give "
+                     "to layer l's router input (pregate_logits [T, L, H, E] float16; default: 0, none)")
+    col.add_argument("--max-tokens", type=int, default=None, metavar="N",
+                     help="cut each request to its first N tokens (default: the model's context length)")
+    col.add_argument("--max-requests", type=int, default=None, metavar="N", help="route only the first N requests")
+    col.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    col.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                     help="weights dtype (default: auto, the checkpoint's)")
+    # Also accepted after `collect` (the main parser adds it after `trace`); SUPPRESS keeps that value when absent.
+    col.add_argument("--no-progress", action="store_true", default=argparse.SUPPRESS, help="never show progress bars")
+    col.set_defaults(func=run_collect)
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    """`seqmoe trace collect --model M --text T --out FILE`: print one summary line."""
+    for name in ("new_tokens", "max_tokens", "max_requests"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+    if args.pregate < 0:
+        raise UserError(f"--pregate must be >= 0, got {args.pregate}")
+    try:
+        from seqmoe.collect.collector import collect_trace, read_text_requests
+        from seqmoe.collect.models import load_model, resolve_model_dir
+    except ImportError as e:
+        raise UserError(f"trace collection needs torch and transformers ({e}); pip install 'seqmoe[hf]'") from None
+
+    texts, labels = read_text_requests(args.text, args.requests)
+    if args.max_requests:
+        texts, labels = texts[: args.max_requests], labels[: args.max_requests]
+    model_dir = resolve_model_dir(args.model)
+    model, tokenizer = load_model(model_dir, device=args.device, dtype=args.dtype)
+    if tokenizer is None:
+        raise UserError(f"{model_dir} has no tokenizer; save one next to the model (tokenizer.save_pretrained)")
+    trace = collect_trace(
+        model, texts, tokenizer, pregate=args.pregate, mode=args.mode, new_tokens=args.new_tokens,
+        max_tokens=args.max_tokens, labels=labels, model_name=str(args.model),
+        source=f"seqmoe trace collect --mode {args.mode} --text {args.text}",
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )  # fmt: skip
+    save_trace(trace, args.out)
+    print(f"{_describe(trace)} from {args.text} -> {args.out}")
+    return 0
 
 
 def run_import(args: argparse.Namespace) -> int:
@@ -114,6 +187,8 @@ def _describe(trace: RoutingTrace) -> str:
 
 def _format_table(path: str | os.PathLike, trace: RoutingTrace, s: dict) -> str:
     fields = [name for name in ("gate_weights", "token_ids") if getattr(trace, name) is not None]
+    if trace.pregate_logits is not None:
+        fields.append(f"pregate_logits (H={trace.pregate_logits.shape[2]})")
     if trace.vocab is not None:
         fields.append(f"vocab ({len(trace.vocab)} strings)")
     rows = [

@@ -43,7 +43,8 @@ def save_trace(trace: RoutingTrace, path: str | os.PathLike) -> None:
     """Write `trace` to a safetensors file, whole or not at all.
 
     Tensors: `expert_ids` [T, L, K] int16, `request_offsets` [R + 1] int64, and when present
-    `gate_weights` [T, L, K] float32 and `token_ids` [T] int32. String metadata: `format`,
+    `gate_weights` [T, L, K] float32, `token_ids` [T] int32 and `pregate_logits` [T, L, H, E]
+    float16. String metadata: `format`,
     `version`, `meta` (TraceMeta fields as JSON) and, when present, `vocab` (JSON list).
     """
     with atomic_path(path) as tmp:
@@ -60,6 +61,8 @@ def write_trace_file(trace: RoutingTrace, path: str | os.PathLike) -> None:
         tensors["gate_weights"] = np.ascontiguousarray(trace.gate_weights, dtype=np.float32)
     if trace.token_ids is not None:
         tensors["token_ids"] = np.ascontiguousarray(trace.token_ids, dtype=np.int32)
+    if trace.pregate_logits is not None:
+        tensors["pregate_logits"] = np.ascontiguousarray(trace.pregate_logits, dtype=np.float16)
     metadata = {"format": FORMAT, "version": VERSION, "meta": json.dumps(dataclasses.asdict(trace.meta))}
     if trace.vocab is not None:
         metadata["vocab"] = json.dumps(list(trace.vocab), ensure_ascii=False)
@@ -150,6 +153,7 @@ def _read_trace_file(path: Path) -> RoutingTrace:
             gate_weights=tensors.get("gate_weights"),
             token_ids=tensors.get("token_ids"),
             vocab=vocab,
+            pregate_logits=tensors.get("pregate_logits"),
         )
     except TraceError as e:
         raise TraceError(f"{path}: {e}") from None

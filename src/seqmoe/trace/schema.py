@@ -47,6 +47,10 @@ class RoutingTrace:
         gate_weights: optional [T, L, K] float32, the router weights of `expert_ids`.
         token_ids: optional [T] int32, token ids (indices into `vocab` when imported from strings).
         vocab: optional token strings that `token_ids` index.
+        pregate_logits: optional [T, L, H, E] float16, pre-gating scores for a horizon of H layers:
+            `pregate_logits[t, l, h - 1]` are the router logits that MoE layer l + h's router gives
+            to the hidden state entering MoE layer l's router (token t), for h = 1..H; NaN where
+            l + h >= L. Written by `seqmoe.collect` with `pregate=H`.
     """
 
     expert_ids: np.ndarray
@@ -55,6 +59,7 @@ class RoutingTrace:
     gate_weights: np.ndarray | None = None
     token_ids: np.ndarray | None = None
     vocab: tuple[str, ...] | None = None
+    pregate_logits: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         ids = self.expert_ids
@@ -93,6 +98,12 @@ class RoutingTrace:
                 raise TraceError(f"token_ids shape {self.token_ids.shape} != ({T},)")
             if self.vocab is not None and len(self.token_ids) and int(self.token_ids.max()) >= len(self.vocab):
                 raise TraceError(f"token id {int(self.token_ids.max())} outside vocab of {len(self.vocab)}")
+        pre = self.pregate_logits
+        if pre is not None:
+            if pre.ndim != 4 or pre.shape[:2] != (T, L) or pre.shape[3] != E or pre.shape[2] == 0:
+                raise TraceError(f"pregate_logits shape {pre.shape} is not [T={T}, L={L}, H>0, E={E}]")
+            if not np.issubdtype(pre.dtype, np.floating):
+                raise TraceError(f"pregate_logits must be floating point, got {pre.dtype}")
 
     @property
     def num_tokens(self) -> int:
@@ -141,6 +152,7 @@ class RoutingTrace:
             request_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
             gate_weights=None if self.gate_weights is None else self.gate_weights[idx],
             token_ids=None if self.token_ids is None else self.token_ids[idx],
+            pregate_logits=None if self.pregate_logits is None else self.pregate_logits[idx],
         )
 
     def head(self, num_tokens: int) -> RoutingTrace:
@@ -154,4 +166,5 @@ class RoutingTrace:
             request_offsets=np.concatenate([keep, [n]]).astype(np.int64),
             gate_weights=None if self.gate_weights is None else self.gate_weights[:n],
             token_ids=None if self.token_ids is None else self.token_ids[:n],
+            pregate_logits=None if self.pregate_logits is None else self.pregate_logits[:n],
         )
