@@ -6,3 +6,12 @@
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    """`seqmoe.offload` imports the runtime (and torch) on first use only."""
+    if name == "offload":
+        from seqmoe.runtime import offload
+
+        return offload
+    raise AttributeError(f"module 'seqmoe' has no attribute {name!r}")

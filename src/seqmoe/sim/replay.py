@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -42,11 +43,30 @@ class System:
     prefetcher: Prefetcher | None = None
 
 
-class _Replay:
-    """Mutable state of one replay; also the `PoolView` handed to the scheduler."""
+class PoolObserver(Protocol):
+    """Hears about slot changes as the state machine decides them (the runtime's data plane mirrors them)."""
+
+    def on_load(self, uid: int, demand: bool, deadline_step: int) -> None:
+        """`uid` got a slot and its copy was queued (a demand copy, or a prefetch due by `deadline_step`)."""
+
+    def on_promote(self, uid: int) -> None:
+        """The queued prefetch of `uid` is needed now: it moves to the demand queue."""
+
+    def on_evict(self, uid: int) -> None:
+        """`uid` lost its slot (evicted, or its queued prefetch cancelled)."""
+
+
+class ReplayState:
+    """Mutable state of one replay; also the `PoolView` handed to the scheduler.
+
+    `simulate` drives it over a trace; the runtime (`seqmoe.runtime`) drives the same object live,
+    with an `observer` that mirrors every load and eviction into real slots. L, E and K are read
+    from `trace` (any trace of the model's shape; only its dimensions are used here).
+    """
 
     def __init__(self, trace: RoutingTrace, system: System, model: ModelProfile, hw: HardwareProfile,
-                 capacity: int, start) -> None:
+                 capacity: int, start, observer: PoolObserver | None = None) -> None:
+        self.observer = observer
         self.num_layers, self.num_experts, self.top_k = trace.num_layers, trace.num_experts, trace.top_k
         if capacity < self.top_k:
             raise UserError(f"{capacity} slots cannot hold one layer's top-{self.top_k} experts; raise the residency")
@@ -100,6 +120,8 @@ class _Replay:
         self._unused_prefetch[uid] = 1
         self.c.prefetches += 1
         self.engine.prefetch(uid, deadline_step, self.now)
+        if self.observer is not None:
+            self.observer.on_load(uid, False, deadline_step)
         return True
 
     def cancel(self, uid: int) -> bool:
@@ -123,6 +145,8 @@ class _Replay:
         self.system.policy.remove(v)
         self._present[v] = 0
         self.num_present -= 1
+        if self.observer is not None:
+            self.observer.on_evict(v)
         if self._unused_prefetch[v]:
             self._unused_prefetch[v] = 0
             self.c.wasted_copies += 1
@@ -144,6 +168,8 @@ class _Replay:
         self.pinned.discard(uid)
         self.num_present -= 1
         self.c.cancelled += 1
+        if self.observer is not None:
+            self.observer.on_evict(uid)
 
     def _load(self, uid: int, step: int) -> None:
         self._present[uid] = 1
@@ -184,6 +210,8 @@ class _Replay:
                 if done is None:  # still queued: the layer needs it now
                     engine.promote(uid, reveal)
                     waiting.append(uid)
+                    if self.observer is not None:
+                        self.observer.on_promote(uid)
                 elif done > start:
                     start = done
             else:
@@ -198,6 +226,8 @@ class _Replay:
                 raise UserError(f"no slot can be freed at position {step}: {self.capacity} slots are all copying")
             self._load(uid, step)
             engine.demand(uid, reveal)
+            if self.observer is not None:
+                self.observer.on_load(uid, True, step)
             policy.access(uid, step)
             waiting.append(uid)
         if waiting:
@@ -258,7 +288,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
             f"{model.name!r} has L={model.num_layers}, E={model.num_experts}, K={model.top_k}; "
             "pick the profile of the model the trace was recorded from"
         )
-    rep = _Replay(trace, system, model, hardware, capacity, start)
+    rep = ReplayState(trace, system, model, hardware, capacity, start)
     L, K = rep.num_layers, rep.top_k
     flat = trace.uids().reshape(-1).tolist()
     ids = trace.expert_ids

@@ -1,0 +1,97 @@
+"""`seqmoe generate`: greedy generation with the routed experts offloaded to a C-slot device pool.
+
+    seqmoe generate --model seqmoe-tiny --prompt "Once upon a time" --residency 0.3 --system on-demand-lru
+    seqmoe generate --model models/olmoe --prompt "..." --residency 0.5 --system affinity-style \\
+        --train results/olmoe/train.safetensors --max-new-tokens 64 --json
+
+The model is loaded on the CPU and then offloaded: its routed experts are packed into host memory
+and only the dense rest moves to `--device`, so the whole model never has to fit there.
+`add_runtime_commands(subparsers)` registers the command on the main parser (src/seqmoe/cli.py);
+it sets `func(args) -> int`. Bad input raises `UserError`. Torch is imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from seqmoe.errors import UserError
+
+
+def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add `generate` to the main parser's subparsers."""
+    gen = subparsers.add_parser(
+        "generate",
+        help="greedy generation with experts offloaded to a pool of device slots",
+        description="Load a MoE causal LM, offload its routed experts (C = floor(R x L x E) device slots managed "
+        "by --system), generate greedily from --prompt and print the text, tokens/s, hit rate and memory.",
+    )
+    gen.add_argument("--model", required=True, metavar="PATH_OR_NAME", help="model folder with config.json, or seqmoe-tiny")
+    gen.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt")
+    gen.add_argument("--residency", type=float, default=0.3, help="fraction of experts in device slots (default: 0.3)")
+    gen.add_argument("--system", default="on-demand-lru", help="memory-management system (default: on-demand-lru)")
+    gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
+    gen.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by "
+                     "systems that learn, e.g. affinity-style)")
+    gen.add_argument("--device", default=None, help="device of the pool and the dense layers (default: cuda when "
+                     "available, else cpu)")
+    gen.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                     help="weights dtype (default: auto, the checkpoint's)")
+    gen.add_argument("--bandwidth", type=float, default=None, help="host->device bytes/s of the cost model")
+    gen.add_argument("--hardware", default=None, help="hardware profile of the cost model (default: h100-pcie5)")
+    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
+    gen.set_defaults(func=run_generate)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def run_generate(args) -> int:
+    if args.max_new_tokens < 1:
+        raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    from seqmoe.collect import load_model
+    from seqmoe.runtime import offload
+    from seqmoe.trace.io import load_trace
+
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    train = load_trace(args.train) if args.train else None
+    model, tok = load_model(args.model, device="cpu", dtype=args.dtype)
+    if tok is None:
+        raise UserError(f"{args.model} has no tokenizer files; generate needs a tokenizer to read --prompt")
+    ids = tok(args.prompt, return_tensors="pt")["input_ids"]
+    if ids.shape[1] == 0:
+        raise UserError("the prompt has no tokens; give some text")
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    runtime = offload(model, args.residency, args.system, device=device, train=train, bandwidth=args.bandwidth,
+                      hardware=args.hardware)
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
+    ids = ids.to(runtime.pool.device)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                             do_sample=False, num_beams=1, pad_token_id=pad)
+    wall = time.perf_counter() - t0
+    new = out[0, ids.shape[1]:]
+    text = tok.decode(new, skip_special_tokens=True)
+    stats = runtime.stats()
+    dense = sum(p.numel() * p.element_size() for p in model.parameters())
+    stats.update(generated_tokens=int(new.numel()), wall_s=wall, wall_tokens_per_s=new.numel() / wall,
+                 dense_bytes=dense, model=str(args.model))
+    runtime.close()
+    print(args.prompt + text)
+    print(f"\n{new.numel()} tokens in {wall:.2f} s ({new.numel() / wall:.1f} tokens/s) on {stats['device']}, "
+          f"system {args.system}, residency {args.residency} ({stats['capacity']} of "
+          f"{stats['num_layers'] * stats['num_experts']} experts in device slots)")
+    print(f"hit rate {stats['hit_rate']:.3f} (ready {stats['ready']}, late {stats['late']}, misses {stats['misses']}); "
+          f"{stats['copies']} expert copies ({_mib(stats['bytes_copied'])})")
+    print(f"memory: experts on device {_mib(stats['device_expert_bytes'])}, on host {_mib(stats['host_expert_bytes'])}; "
+          f"dense layers {_mib(dense)}")
+    if args.json:
+        print(json.dumps(stats))
+    return 0

@@ -1,0 +1,16 @@
+"""The offloading runtime: a transformers MoE model served from a C-slot device pool of experts.
+
+    import seqmoe
+    runtime = seqmoe.offload(model, residency=0.3, system="on-demand-lru")
+    model.generate(input_ids, max_new_tokens=32)
+    runtime.stats(); runtime.trace(); runtime.restore()
+
+Data plane: `pool` (host blocks, slots, slot table), `experts` (the swapped-in experts module),
+`copier` (the copy worker). Control plane: `control` drives the simulator's state machine
+(`seqmoe.sim.replay.ReplayState`) from the routers' outputs, so the decisions are the simulator's.
+Needs torch (and transformers for the models).
+"""
+
+from seqmoe.runtime.offload import DEFAULT_HARDWARE, OffloadRuntime, live_systems, measure_profile, offload
+
+__all__ = ["offload", "OffloadRuntime", "live_systems", "measure_profile", "DEFAULT_HARDWARE"]

@@ -1,0 +1,167 @@
+"""The control plane: the simulator's state machine driven live by the model's router outputs.
+
+`Controller` owns a `seqmoe.sim.replay.ReplayState` and calls it exactly as `simulate()` does over
+a trace: per position `token_start`, then per MoE layer `layer(step, uids, ids, reveal)` and, for
+schedulers that replan, `layer_end`; a virtual clock advances by the cost model (a `ModelProfile`
+measured from the loaded model). So every eviction and prefetch is the simulator's decision, and
+replaying `Controller.trace()` with `simulate` reproduces the same ready/late/miss counts. As the
+observer of the state machine it mirrors each load and eviction into the `ExpertPool` and queues
+the copies on the `CopyWorker`.
+
+Timing of the calls against the real forward:
+- a decode forward (one position) is driven inline: `token_start` and `layer` at each router's
+  output (before the layer's experts run), `layer_end` once its experts have computed, so
+  prefetches are issued while the model is still running;
+- a forward over several positions (a prompt) can only be replayed position-major once every
+  layer has routed: the calls run after the forward, and the forward itself computes each expert
+  from wherever it is (pool slot or host block; both exact).
+
+A forward whose model cache is empty starts a new request (as `generate` does for its prompt);
+without a cache (`use_cache=False`) every forward is a request of its own. If a forward fails
+midway (e.g. the system finds no slot), the positions already fed to the state machine stay
+counted but are not recorded in `trace()`: offload again after such an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqmoe.runtime.copier import CopyWorker
+from seqmoe.runtime.pool import ExpertPool
+from seqmoe.sim.replay import ReplayState, System
+from seqmoe.trace.schema import RoutingTrace, TraceMeta
+
+
+class Controller:
+    """Drive `state` from routing events and mirror its slots into `pool` via `worker`.
+
+    Args:
+        state: a fresh state machine (built with this controller as its observer, see `attach`).
+        system: the system inside `state`.
+        num_layers, num_experts, top_k: L, E, K.
+        meta: what `trace()` records as its source.
+    """
+
+    def __init__(self, system: System, num_layers: int, num_experts: int, top_k: int, meta: TraceMeta) -> None:
+        self.system = system
+        self.L, self.E, self.K = num_layers, num_experts, top_k
+        self.meta = meta
+        self.state: ReplayState | None = None
+        self.pool: ExpertPool | None = None
+        self.worker: CopyWorker | None = None
+        self.replan = bool(getattr(system.prefetcher, "replan_after_compute", False))
+        self.t = 0  # positions replayed
+        self.clock = 0.0
+        self._ids: list[np.ndarray] = []  # per forward: [N, L, K] int16
+        self._weights: list[np.ndarray] = []
+        self._tokens: list[int | None] = []
+        self._offsets = [0]
+        self._forward: tuple[np.ndarray, np.ndarray, list[int | None]] | None = None
+        self._next_layer = 0
+        self._new_request = True
+
+    def attach(self, state: ReplayState, pool: ExpertPool, worker: CopyWorker) -> None:
+        self.state, self.pool, self.worker = state, pool, worker
+        self._expert_s = self.K * state.per_expert_s
+
+    # -- observer of the state machine --------------------------------------------------------------
+    def on_load(self, uid: int, demand: bool, deadline_step: int) -> None:
+        slot, gen = self.pool.assign(uid)
+        self.worker.submit(uid, slot, gen, demand, deadline_step)
+
+    def on_promote(self, uid: int) -> None:
+        slot = self.pool.slot_of[uid]
+        self.worker.submit(uid, slot, self.pool.gen[slot], True, 0)
+
+    def on_evict(self, uid: int) -> None:
+        self.pool.release(uid)
+
+    # -- routing events (model hooks) ------------------------------------------------------------------
+    def begin_forward(self, tokens: list[int | None], new_request: bool) -> None:
+        """A forward over `len(tokens)` positions starts; `new_request`: its cache was empty."""
+        if self._forward is not None:
+            raise RuntimeError("a forward started before the previous one ended (nested or concurrent forwards)")
+        if new_request and self._offsets[-1] < len(self._tokens):
+            self._offsets.append(len(self._tokens))
+        n = len(tokens)
+        self._forward = (np.zeros((n, self.L, self.K), np.int16), np.zeros((n, self.L, self.K), np.float32), tokens)
+        self._new_request = new_request
+        self._next_layer = 0
+
+    def route(self, layer: int, ids: np.ndarray, weights: np.ndarray) -> None:
+        """Layer `layer`'s router chose `ids` [N, K] with `weights` for the forward's N positions."""
+        if self._forward is None:
+            raise RuntimeError("a router ran outside a model forward; call the model, not its layers")
+        buf_ids, buf_w, tokens = self._forward
+        if layer != self._next_layer or ids.shape != buf_ids[:, layer].shape:
+            raise RuntimeError(f"MoE layer {layer} routed {ids.shape} out of order (expected layer "
+                               f"{self._next_layer}, shape {buf_ids[:, layer].shape}); batch-1 forwards only")
+        buf_ids[:, layer], buf_w[:, layer] = ids, weights
+        self._next_layer = layer + 1
+        if len(tokens) == 1:
+            if layer == 0:
+                self._token_start(tokens[0])
+            self._reveal(layer, buf_ids[0, layer])
+
+    def experts_done(self, layer: int) -> None:
+        """Layer `layer`'s experts finished computing."""
+        if self._forward is not None and len(self._forward[2]) == 1:
+            self._compute(layer)
+
+    def end_forward(self) -> None:
+        """The forward ended: replay a multi-position forward; record the positions."""
+        if self._forward is None:
+            return
+        ids, weights, tokens = self._forward
+        self._forward = None
+        if self._next_layer != self.L:  # the forward stopped early (an exception): keep nothing of it
+            return
+        if len(tokens) == 1:
+            self.t += 1
+        else:
+            for i, tok in enumerate(tokens):
+                self._token_start(tok, new_request=self._new_request and i == 0)
+                for l in range(self.L):
+                    self._reveal(l, ids[i, l])
+                    self._compute(l)
+                self.t += 1
+        self._ids.append(ids)
+        self._weights.append(weights)
+        self._tokens += tokens
+
+    # -- the simulate() loop, one call at a time -----------------------------------------------------
+    def _token_start(self, token: int | None, new_request: bool | None = None) -> None:
+        if new_request is None:
+            new_request = self._new_request
+        predictor = self.system.predictor
+        if predictor is not None and new_request:
+            predictor.begin_request()
+        self.clock += self.state.token_s
+        self.state.token_start(self.t * self.L, self.clock, token)
+
+    def _reveal(self, layer: int, ids: np.ndarray) -> None:
+        step = self.t * self.L + layer
+        uids = (ids.astype(np.int64) + layer * self.E).tolist()
+        reveal = self.clock + self.state.non_expert_s
+        self.clock = self.state.layer(step, uids, ids if self.system.predictor is not None else None, reveal)
+
+    def _compute(self, layer: int) -> None:
+        self.clock += self._expert_s
+        if self.replan:
+            self.state.layer_end(self.t * self.L + layer, self.clock)
+
+    # -- results ---------------------------------------------------------------------------------------
+    @property
+    def num_tokens(self) -> int:
+        return len(self._tokens)
+
+    def trace(self) -> RoutingTrace | None:
+        """The routing of every position run so far, requests back to back; None before the first."""
+        if not self._tokens:
+            return None
+        tokens = None if any(t is None for t in self._tokens) else np.asarray(self._tokens, np.int32)
+        offsets = self._offsets + ([len(self._tokens)] if self._offsets[-1] < len(self._tokens) else [])
+        return RoutingTrace(
+            expert_ids=np.concatenate(self._ids), gate_weights=np.concatenate(self._weights), token_ids=tokens,
+            request_offsets=np.asarray(offsets, np.int64), meta=self.meta,
+        )

@@ -1,0 +1,112 @@
+"""The copy worker: one thread that moves experts host -> device slot in the simulator's order.
+
+The control plane queues a copy when the state machine issues it (`ReplayState` -> observer ->
+`submit`). Like the simulator's `CopyEngine`, the worker runs one copy at a time, demand copies
+first in issue order, then prefetches earliest deadline first; a promoted prefetch is queued again
+as a demand copy. A copy whose slot changed hands before it ran is skipped. With `link_s` set
+the worker also sleeps that long per copy, to emulate a slower host link on a CPU machine.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+
+from seqmoe.runtime.pool import ExpertPool
+
+
+class CopyWorker:
+    """Background copies into `pool`.
+
+    Args:
+        pool: the slots to fill.
+        link_s: extra seconds per copy (emulated link), or None.
+    """
+
+    def __init__(self, pool: ExpertPool, link_s: float | None = None) -> None:
+        self.pool = pool
+        self.link_s = link_s
+        self._queue: list[tuple[int, int, int, int, int, int]] = []  # (class, key, seq, uid, slot, gen)
+        self._seq = 0
+        self._cv = threading.Condition()
+        self._busy = False
+        self._stop = False
+        self._error: BaseException | None = None
+        self.copies = 0  # copies published
+        self.skipped = 0  # copies dropped because the slot changed hands
+        self._thread = threading.Thread(target=self._run, name="seqmoe-copy", daemon=True)
+        self._stream = None
+        if pool.device.type == "cuda":
+            import torch
+
+            self._stream = torch.cuda.Stream(device=pool.device)
+        self._thread.start()
+
+    def submit(self, uid: int, slot: int, gen: int, demand: bool, deadline_step: int) -> None:
+        """Queue the copy of `uid` into `slot` (generation `gen`)."""
+        self._check()
+        with self._cv:
+            self._seq += 1
+            key = self._seq if demand else deadline_step
+            heapq.heappush(self._queue, (0 if demand else 1, key, self._seq, uid, slot, gen))
+            self._cv.notify()
+
+    def _run(self) -> None:
+        import torch
+
+        ctx = torch.cuda.stream(self._stream) if self._stream is not None else None
+        if ctx is not None:
+            ctx.__enter__()
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._busy = False
+                    self._cv.notify_all()
+                    self._cv.wait()
+                if self._stop:
+                    self._busy = False
+                    self._cv.notify_all()
+                    return
+                _, _, _, uid, slot, gen = heapq.heappop(self._queue)
+                self._busy = True
+            try:
+                if not self.pool.wanted(uid, slot, gen):
+                    self.skipped += 1
+                    continue
+                if self.link_s:
+                    time.sleep(self.link_s)
+                if self.pool.fill(uid, slot, gen):
+                    self.copies += 1
+                else:
+                    self.skipped += 1
+            except BaseException as e:  # surfaced on the model thread by the next call
+                with self._cv:
+                    self._error = e
+                    self._stop = True
+                    self._busy = False
+                    self._cv.notify_all()
+                return
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the expert copy worker failed: {self._error!r}") from self._error
+
+    @property
+    def pending(self) -> int:
+        """Copies queued (some may turn out stale)."""
+        return len(self._queue)
+
+    def drain(self, timeout: float | None = None) -> None:
+        """Wait until every queued copy has run or been skipped."""
+        with self._cv:
+            self._cv.wait_for(lambda: (not self._queue and not self._busy) or self._stop, timeout)
+        self._check()
+
+    def close(self) -> None:
+        """Stop the thread (queued copies are dropped)."""
+        with self._cv:
+            self._stop = True
+            self._queue.clear()
+            self._cv.notify_all()
+        self._thread.join()

@@ -1,0 +1,284 @@
+"""`offload(model, ...)`: run a transformers MoE model with its routed experts in a C-slot device pool.
+
+    runtime = seqmoe.offload(model, residency=0.3, system="on-demand-lru")
+    model.generate(input_ids, max_new_tokens=32)      # unchanged transformers usage, batch 1
+    runtime.stats(), runtime.trace(), runtime.restore()
+
+What changes on the model instance (transformers' classes and registries are never patched): each
+MoE block's `experts` submodule becomes an `OffloadedExperts`, its routed parameters are packed
+into host blocks and deleted; forward hooks sit on the model and on each router. Shared experts,
+attention and dense layers stay where they were. See `pool` (data plane), `control` (control
+plane) and `copier` (the copy worker).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import torch
+
+from seqmoe.collect.routers import MoeLayer, decoder_layers, moe_layers, unpack_router_output
+from seqmoe.errors import UserError
+from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
+from seqmoe.runtime.control import Controller
+from seqmoe.runtime.copier import CopyWorker
+from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
+from seqmoe.runtime.pool import ExpertPool
+from seqmoe.sim.placement import capacity_for, start_placement
+from seqmoe.sim.replay import ReplayState
+from seqmoe.systems import SYSTEMS, SystemInputs, build_system
+from seqmoe.trace.schema import RoutingTrace, TraceMeta
+
+DEFAULT_HARDWARE = "h100-pcie5"
+"""Hardware profile of the virtual clock when none is given."""
+ORACLES = frozenset({"belady", "oracle-prefetch", "seqmoe-oracle-forecast"})
+"""Systems that read the future of the replayed trace: impossible live."""
+TRAIN_FREE = frozenset({"on-demand-lru", "on-demand-lfu", "mixtral-offloading-style"})
+"""Systems that learn nothing from a training trace; every other one needs `train=`."""
+
+
+def live_systems(with_train: bool = True) -> list[str]:
+    """Systems the runtime can run (no oracle, no seq2seq forecaster); only train-free ones if not `with_train`."""
+    names = [n for n, s in SYSTEMS.items() if n not in ORACLES and not s.needs_predictor]
+    return names if with_train else [n for n in names if n in TRAIN_FREE]
+
+
+def _check_system(system: str, train: RoutingTrace | None, predictor) -> None:
+    if system not in SYSTEMS:
+        raise UserError(f"unknown system {system!r}; choose one of: {', '.join(live_systems())}")
+    if system in ORACLES:
+        raise UserError(f"system {system!r} reads the future of the trace and cannot run live; "
+                        f"choose one of: {', '.join(live_systems())}")
+    if SYSTEMS[system].needs_predictor:
+        raise UserError(f"system {system!r} needs the seq2seq forecaster, which the runtime does not drive yet; "
+                        f"choose one of: {', '.join(live_systems())}")
+    if system not in TRAIN_FREE and train is None:
+        raise UserError(f"system {system!r} learns from a routing trace of this model: pass train=RoutingTrace "
+                        "(seqmoe.collect.collect_trace), or choose one of: " + ", ".join(sorted(TRAIN_FREE)))
+
+
+def _placeholder_trace(L: int, E: int, K: int, name: str) -> RoutingTrace:
+    """A one-token trace of shape (L, E, K): what train-free systems and the state machine read dims from."""
+    ids = np.broadcast_to(np.arange(K, dtype=np.int16), (1, L, K)).copy()
+    return RoutingTrace(expert_ids=ids, request_offsets=np.array([0, 1], np.int64),
+                        meta=TraceMeta(model=name, num_experts=E, source="seqmoe.runtime placeholder"))
+
+
+def _nbytes(params) -> int:
+    return sum(p.numel() * p.element_size() for p in params)
+
+
+def measure_profile(model: torch.nn.Module, layers: list[MoeLayer], layout: ExpertLayout) -> ModelProfile:
+    """The cost model's `ModelProfile` of a model whose routed experts are already stripped."""
+    _, decoder = decoder_layers(model)
+    per_layer = [_nbytes(decoder[m.layer_index].parameters()) for m in layers]
+    token = _nbytes(model.parameters()) - sum(per_layer)
+    emb, out = model.get_input_embeddings(), model.get_output_embeddings()
+    if emb is not None and (out is None or out.weight is not emb.weight):
+        w = emb.weight
+        token -= (w.shape[0] - 1) * w[0].numel() * w.element_size()  # a decode token reads one row
+    name = getattr(model.config, "model_type", type(model).__name__)
+    return ModelProfile(name=f"{name} (measured)", num_layers=len(layers), num_experts=layers[0].num_experts,
+                        top_k=layers[0].top_k, expert_bytes=layout.expert_bytes,
+                        layer_bytes=int(round(sum(per_layer) / len(per_layer))), token_bytes=max(int(token), 0),
+                        source="parameter bytes of the loaded model (seqmoe.runtime)")
+
+
+class OffloadRuntime:
+    """Handle of one offloaded model: stats, the routing trace, restore. Built by `offload`."""
+
+    def __init__(self, model, blocks, originals, layouts, pool, worker, controller, hooks, *, system: str,
+                 residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile) -> None:
+        self.model, self._blocks, self._originals, self._layouts = model, blocks, originals, layouts
+        self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
+        self.system, self.residency, self.start = system, residency, start
+        self.capacity = pool.capacity
+        self.model_profile, self.hardware = model_profile, hardware
+        self.closed = self._restored = False
+
+    def trace(self) -> RoutingTrace:
+        """The routing of every position this runtime has served (prompt positions, then each decode step)."""
+        t = self.controller.trace()
+        if t is None:
+            raise UserError("the model has not run since offload(); call model.generate(...) first")
+        return t
+
+    def synchronize(self) -> None:
+        """Wait until every queued expert copy has run."""
+        self.worker.drain()
+
+    def stats(self) -> dict:
+        """Counts of the control plane (the simulator's metrics) and of the data plane (real copies, bytes)."""
+        st, pool = self.controller.state, self.pool
+        c = st.c
+        n = c.ready + c.late + c.misses
+        tokens = self.controller.num_tokens
+        rate = (lambda x: x / n) if n else (lambda x: 0.0)
+        eb = pool.expert_bytes
+        return {
+            "system": self.system, "residency": self.residency, "capacity": self.capacity,
+            "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": st.top_k,
+            "tokens": tokens, "activations": n,
+            "hit_rate": rate(c.ready + c.late), "ready_rate": rate(c.ready), "late_rate": rate(c.late),
+            "miss_rate": rate(c.misses), "ready": c.ready, "late": c.late, "misses": c.misses,
+            "prefetches": c.prefetches, "wasted_copies": c.wasted_copies, "cancelled_prefetches": c.cancelled,
+            "sim_copies": st.engine.started,
+            "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,
+            "bytes_copied": self.worker.copies * eb,
+            "pool_reads": pool.pool_reads, "host_reads": pool.host_reads, "peak_gathered_experts": pool.peak_gathered,
+            "resident_experts": len(pool.resident()),
+            "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
+            "host_expert_bytes": pool.host_bytes,
+            "virtual_time_s": self.controller.clock, "stall_s": c.stall_s,
+            "full_load_time_s": tokens * (st.token_s + st.num_layers * st.layer_s),
+            "decision_us_per_token": 1e6 * c.decision_s / tokens if tokens else 0.0,
+            "device": str(pool.device),
+        }
+
+    def close(self) -> None:
+        """Stop the copy worker and remove the hooks; the model keeps its offloaded experts but stops
+        being managed (every expert then reads from wherever its table entry points)."""
+        if self.closed:
+            return
+        self.worker.close()
+        for h in self._hooks:
+            h.remove()
+        self.closed = True
+
+    def restore(self) -> None:
+        """`close()`, then put the original experts modules back with their weights on the pool's device."""
+        if self._restored:
+            return
+        self.close()
+        for block, orig, layout, host in zip(self._blocks, self._originals, self._layouts, self.pool.hosts):
+            layout.unpack(orig, host, self.pool.device)
+            block.experts = orig
+        self._restored = True
+
+
+def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, device=None, predictor=None,
+            bandwidth: float | None = None, train: RoutingTrace | None = None,
+            hardware: str | HardwareProfile | None = None, emulate_link: bool = False) -> OffloadRuntime:
+    """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
+
+    Args:
+        model: modified in place (its `experts` submodules, hooks); `runtime.restore()` undoes it.
+        residency: r in (0, 1]: C = floor(r x L x E) slots; C must hold one layer's top-k experts.
+        system: a live system (`live_systems()`): eviction policy + predictor + prefetch scheduler.
+        device: where the pool and the rest of the model live (default: the model's device).
+        predictor: reserved for the seq2seq forecaster systems (not driven live yet).
+        bandwidth: host->device bytes/s of the virtual clock's cost model (default: the hardware's).
+        train: routing trace of this model for systems that learn (start placement, statistics);
+            without it the pool starts empty.
+        hardware: hardware profile (preset name, file or object) of the cost model (default h100-pcie5).
+        emulate_link: the copy worker sleeps one copy time per copy (an emulated link on CPU).
+    """
+    layers = moe_layers(model)
+    L, E, K = len(layers), layers[0].num_experts, layers[0].top_k
+    C = capacity_for(residency, L, E)
+    if C < K:
+        raise UserError(f"residency {residency} gives {C} slots for {L}x{E} experts, fewer than the top-{K} "
+                        f"experts one layer needs; use residency >= {K / (L * E):.4g}")
+    _check_system(system, train, predictor)
+    if train is not None and (train.num_layers, train.num_experts, train.top_k) != (L, E, K):
+        raise UserError(f"train trace has L={train.num_layers}, E={train.num_experts}, K={train.top_k} but the model "
+                        f"has L={L}, E={E}, K={K}; collect it from this model")
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware_profile(hardware or DEFAULT_HARDWARE)
+    if bandwidth is not None:
+        hw = dataclasses.replace(hw, name=f"{hw.name} at {bandwidth:g} B/s", h2d_bytes_per_s=float(bandwidth))
+    start = start_placement(train, C) if train is not None else []
+    name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
+    dims = _placeholder_trace(L, E, K, name)
+    sys_obj = build_system(system, SystemInputs(train=train or dims, test=train or dims, capacity=C,
+                                                start=tuple(start), predictor=predictor))
+    if sys_obj.prefetcher is not None and C < K + 1:
+        # A running prefetch pins its slot until it lands; with only K slots the next layer's demand
+        # copies could find no slot (the simulator stops with "slots are all copying").
+        raise UserError(f"system {system!r} prefetches and needs at least top-k + 1 = {K + 1} slots, but residency "
+                        f"{residency} gives {C}; use residency >= {(K + 1) / (L * E):.4g} or an on-demand system")
+    blocks, originals = [], []
+    for m in layers:
+        block = model.get_submodule(m.name.rsplit(".", 1)[0])
+        experts = getattr(block, "experts", None)
+        if isinstance(experts, OffloadedExperts):
+            raise UserError("this model is already offloaded; call runtime.restore() first")
+        if not isinstance(experts, torch.nn.Module):
+            raise UserError(f"MoE block {type(block).__name__} has no `experts` module; not supported by the runtime")
+        OffloadedExperts.check(experts)
+        blocks.append(block)
+        originals.append(experts)
+    layouts = [ExpertLayout.of(x, E) for x in originals]
+    if len(set(layouts)) > 1:
+        raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
+    layout = layouts[0]
+    model_device = next(p.device for p in originals[0].parameters())
+    device = torch.device(device) if device is not None else model_device
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"device {device} was asked for but CUDA is not available; pass device='cpu' or None")
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    hosts = []
+    for x in originals:  # layer by layer: at most one layer's experts exist twice at a time
+        host = torch.empty((E, layout.numel), dtype=layout.dtype, pin_memory=device.type == "cuda")
+        layout.pack(x, host)
+        layout.strip(x)
+        hosts.append(host)
+    if model_device != device:
+        model.to(device)  # the dense remainder only: the routed experts are already out
+    mp = measure_profile(model, layers, layout)
+    pool = ExpertPool(hosts, C, device)
+    for uid in start:
+        pool.load_now(uid)
+    meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({system}, residency {residency})",
+                     extra={"architecture": getattr(model.config, "model_type", "unknown"),
+                            "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
+                            "system": system, "capacity": C})
+    controller = Controller(sys_obj, L, E, K, meta)
+    state = ReplayState(dims, sys_obj, mp, hw, C, start, observer=controller)
+    worker = CopyWorker(pool, copy_time_s(mp, hw) if emulate_link else None)
+    controller.attach(state, pool, worker)
+    for l, (block, orig) in enumerate(zip(blocks, originals)):
+        block.experts = OffloadedExperts(orig, l, layout, pool.rows, controller.experts_done)
+    hooks = [model.register_forward_pre_hook(_pre_hook(controller), with_kwargs=True),
+             model.register_forward_hook(_post_hook(controller), always_call=True)]
+    hooks += [m.router.register_forward_hook(_router_hook(controller, l)) for l, m in enumerate(layers)]
+    return OffloadRuntime(model, blocks, originals, layouts, pool, worker, controller, hooks, system=system,
+                          residency=residency, start=start, model_profile=mp, hardware=hw)
+
+
+def _pre_hook(controller: Controller):
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            shape, tokens = ids.shape, None
+        else:
+            emb = kwargs.get("inputs_embeds")
+            if emb is None:
+                raise UserError("the offloaded model was called without input_ids or inputs_embeds")
+            shape, tokens = emb.shape[:2], [None] * emb.shape[1]
+        if len(shape) != 2 or shape[0] != 1:
+            raise UserError(f"the offload runtime serves batch 1; got inputs of shape {tuple(shape)}")
+        if tokens is None:
+            tokens = ids[0].tolist()
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        new_request = cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0
+        controller.begin_forward(tokens, new_request or controller.num_tokens == 0)
+
+    return hook
+
+
+def _post_hook(controller: Controller):
+    def hook(module, args, output):
+        controller.end_forward()
+
+    return hook
+
+
+def _router_hook(controller: Controller, layer: int):
+    def hook(module, args, output):
+        _, weights, ids = unpack_router_output(module, output)
+        controller.route(layer, ids.detach().to("cpu", torch.int16).numpy(),
+                         weights.detach().to("cpu", torch.float32).numpy())
+
+    return hook

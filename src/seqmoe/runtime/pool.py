@@ -1,0 +1,175 @@
+"""The data plane's memory: packed host experts, one static device pool of C slots, the slot table.
+
+    pool = ExpertPool(hosts, capacity=C, device=torch.device("cpu"))
+    slot = pool.assign(uid)            # control plane: uid got a slot (its copy is queued)
+    pool.release(uid)                  # control plane: uid lost its slot
+    pool.fill(uid, slot, gen)          # copy worker: host block -> slot, then publish in the table
+    rows = pool.rows(layer, [3, 5])    # experts forward: [2, P], slot when resident, else host
+
+`hosts[l]` [E, P] holds layer l's experts, one contiguous row each (pinned when the device is
+CUDA); it is the only copy of the routed weights. The pool [C, P] and the slot table [L, E] int32
+(slot or -1) live on the device. A table entry is set only once its copy is complete, so a reader
+sees either a finished slot or -1, and -1 means "read the host block", which is always exact.
+
+Slot ownership is generation-counted: `release` bumps the slot's generation, so a copy that was
+queued (or running) for the previous owner is skipped (or not published) and a later owner's copy,
+queued behind it on the one worker, overwrites the slot. Only the control plane (the model's
+thread) assigns and releases slots, and it never reads a slot it released.
+
+CUDA design (not implemented as a kernel here): the host blocks are pinned and mapped
+(`cudaHostRegister`/UVA), the experts kernel reads the device slot table and takes each expert's
+weights from the pool slot or, on -1, straight from the mapped host block over the link, so a miss
+never waits for a copy and nothing else needs the host. This module's generic path gathers with
+`Tensor.to(device)` on a miss instead, and the worker copies on its own CUDA stream after waiting
+for the event recorded when the slot was released.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import torch
+
+from seqmoe.errors import UserError
+
+
+class ExpertPool:
+    """Host blocks, device slots and the slot table of one model.
+
+    Args:
+        hosts: per MoE layer, [E, P] packed experts on the host (the only copy).
+        capacity: C, slots in the device pool.
+        device: where the pool and the table live.
+    """
+
+    def __init__(self, hosts: list[torch.Tensor], capacity: int, device: torch.device) -> None:
+        if capacity < 1:
+            raise UserError(f"the device pool needs at least one slot, got {capacity}")
+        self.hosts = hosts
+        self.num_layers = len(hosts)
+        self.num_experts, self.numel = hosts[0].shape
+        self.dtype = hosts[0].dtype
+        self.device = device
+        self.capacity = capacity
+        self.pool = torch.empty((capacity, self.numel), dtype=self.dtype, device=device)
+        self.table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, device=device)
+        # Readers use a host view of the table: the same memory on CPU, a mirror on CUDA.
+        self._table_host = self.table.numpy() if device.type == "cpu" else np.full(self.table.shape, -1, np.int32)
+        self._lock = threading.Lock()
+        self.slot_of: dict[int, int] = {}  # uid -> slot (assigned; maybe not yet copied)
+        self.owner = [-1] * capacity
+        self.gen = [0] * capacity
+        self.loaded = [False] * capacity
+        self.free = list(range(capacity - 1, -1, -1))
+        self._released_at: list = [None] * capacity  # CUDA events: last reads of a released slot
+        self.pool_reads = self.host_reads = 0
+        self.peak_gathered = 0  # most experts one `rows` call gathered (its transient buffer, see `rows`)
+
+    @property
+    def expert_bytes(self) -> int:
+        return self.numel * self.pool.element_size()
+
+    @property
+    def device_bytes(self) -> int:
+        """Bytes the pool occupies on the device (C slots)."""
+        return self.pool.numel() * self.pool.element_size()
+
+    @property
+    def host_bytes(self) -> int:
+        return sum(h.numel() * h.element_size() for h in self.hosts)
+
+    def _split(self, uid: int) -> tuple[int, int]:
+        return divmod(uid, self.num_experts)
+
+    # -- control plane (model thread) ---------------------------------------------------------------
+    def assign(self, uid: int) -> tuple[int, int]:
+        """Give `uid` a free slot; (slot, generation) for its copy. RuntimeError if none is free."""
+        if uid in self.slot_of:
+            raise RuntimeError(f"expert {uid} already holds slot {self.slot_of[uid]}")
+        if not self.free:
+            raise RuntimeError("no free slot: the control plane loaded more experts than the pool holds")
+        slot = self.free.pop()
+        with self._lock:
+            self.gen[slot] += 1
+            self.owner[slot] = uid
+            self.loaded[slot] = False
+            self.slot_of[uid] = slot
+            return slot, self.gen[slot]
+
+    def release(self, uid: int) -> None:
+        """`uid` leaves the pool: unpublish it and free its slot (a pending copy of it is dropped)."""
+        slot = self.slot_of.pop(uid)
+        layer, e = self._split(uid)
+        with self._lock:
+            self.gen[slot] += 1
+            self.owner[slot] = -1
+            self.loaded[slot] = False
+            self._publish(layer, e, -1)
+        if self.device.type == "cuda":
+            ev = torch.cuda.Event()
+            ev.record()  # reads of this slot queued so far on the model's stream
+            self._released_at[slot] = ev
+        self.free.append(slot)
+
+    def _publish(self, layer: int, e: int, slot: int) -> None:
+        self._table_host[layer, e] = slot
+        if self.device.type != "cpu":
+            self.table[layer, e] = slot
+
+    # -- copy worker ----------------------------------------------------------------------------------
+    def wanted(self, uid: int, slot: int, gen: int) -> bool:
+        """The copy (uid -> slot, generation) is still current and not done yet."""
+        return self.gen[slot] == gen and self.owner[slot] == uid and not self.loaded[slot]
+
+    def fill(self, uid: int, slot: int, gen: int) -> bool:
+        """Copy `uid`'s host block into `slot`, then publish it unless the slot changed hands; True if published."""
+        layer, e = self._split(uid)
+        src, dst = self.hosts[layer][e], self.pool[slot]
+        if self.device.type == "cuda":
+            ev = self._released_at[slot]
+            if ev is not None:
+                torch.cuda.current_stream().wait_event(ev)
+            dst.copy_(src, non_blocking=True)
+            torch.cuda.current_stream().synchronize()
+        else:
+            dst.copy_(src)
+        with self._lock:
+            if self.gen[slot] != gen or self.owner[slot] != uid:
+                return False
+            self.loaded[slot] = True
+            self._publish(layer, e, slot)
+            return True
+
+    # -- readers (experts forward, model thread) ---------------------------------------------------
+    def rows(self, layer: int, experts: list[int]) -> torch.Tensor:
+        """[n, P] packed weights of `experts` of `layer`: the pool slot when published, else the host block.
+
+        The result is a transient gather buffer on the device, freed when the layer's experts are
+        done: K experts for a decode step, up to E for a prompt forward. A fused kernel reading
+        the slots and the mapped host blocks in place (the CUDA design above) needs none.
+        """
+        self.peak_gathered = max(self.peak_gathered, len(experts))
+        if not experts:
+            return self.pool.new_empty((0, self.numel))
+        table, host, parts = self._table_host[layer], self.hosts[layer], []
+        for e in experts:
+            slot = int(table[e])
+            if slot >= 0:
+                parts.append(self.pool[slot])
+                self.pool_reads += 1
+            else:
+                parts.append(host[e].to(self.device, non_blocking=True))
+                self.host_reads += 1
+        return torch.stack(parts)
+
+    def resident(self) -> set[int]:
+        """uids whose slot is published (copy complete)."""
+        t = self._table_host
+        return {int(l) * self.num_experts + int(e) for l, e in zip(*np.nonzero(t >= 0))}
+
+    def load_now(self, uid: int) -> None:
+        """Assign a slot to `uid` and copy it synchronously (the start placement)."""
+        slot, gen = self.assign(uid)
+        if not self.fill(uid, slot, gen):
+            raise RuntimeError(f"start placement copy of expert {uid} was not published")
