@@ -18,6 +18,10 @@ METRICS = {
 }
 
 
+ORACLES = ("belady", "oracle-prefetch", "seqmoe-oracle-forecast")
+"""Systems that read the future: drawn as grey dashed references."""
+
+
 def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> list[Path]:
     """One PNG per metric, one line per system; returns the files written.
 
@@ -41,9 +45,12 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
     written = []
     for key, label in METRICS.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
+        colors = iter(plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2])
         for name, pts in series.items():
             pts = sorted(pts, key=lambda r: r["residency"])
-            ax.plot([p["residency"] for p in pts], [p[key] for p in pts], marker="o", label=name)
+            style = dict(ls="--", marker="x", color="0.35" if name == "belady" else "0.6") if name in ORACLES \
+                else dict(marker="o", color=next(colors), lw=2.5 if name == "seqmoe" else 1.5)
+            ax.plot([p["residency"] for p in pts], [p[key] for p in pts], label=name, **style)
         ax.set_xlabel("residency (fraction of experts on the device)")
         ax.set_ylabel(label)
         ax.set_title(f"{label.split(' (')[0]}: {where}", fontsize=10)

@@ -1,0 +1,105 @@
+"""seqmoe, its ablations and every baseline against residency, on real DeepSeek-V2-Lite routing.
+
+    python benchmarks/seqmoe_results.py [--predictor DIR] [--max-tokens 1000] [--out results/bench-seqmoe]
+
+Workload: the last 200 Puffin prompts of ../shared (file order) replayed as batch-1 decode, the
+other 1,599 prompts train (statistics, start placement, the forecaster). For each hardware
+profile it writes `OUT/HARDWARE.jsonl` (one row per system and residency), the plots
+`OUT/HARDWARE/*.png` and the tables of hit rate, full-load fraction and bound fraction into
+`OUT/RESULTS.md`; the tables are also printed, then one JSON line with the rows' file names.
+
+Without --predictor it trains the forecaster on the training prompts once (about 10 minutes) and
+caches it (`seqmoe.predict.cache`). The seqmoe systems decide in Python for every layer, so a
+replay of the full test split takes minutes each: --max-tokens (default 1000, 0 = all) replays
+the first N test tokens, the same for every system. Exits 0 with a note when ../shared is absent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from seqmoe.bench.plot import plot_results
+from seqmoe.bench.report import write_jsonl
+from seqmoe.config import SimConfig
+from seqmoe.sim.run import load_workload, run_sweep
+from seqmoe.systems import SYSTEMS
+from seqmoe.trace.io import load_trace
+
+SEQMOE = ["seqmoe", "seqmoe-greedy-prefetch", "seqmoe-lru-eviction", "seqmoe-markov-forecast"]
+BASELINES = ["on-demand-lru", "on-demand-lfu", "mixtral-offloading-style", "moe-infinity-style",
+             "affinity-style", "belady", "oracle-prefetch"]  # fmt: skip
+TABLES = {"hit_rate": "Hit rate (ready + late)", "full_load_fraction": "Full-load fraction (full-load time / time)",
+          "bound_fraction": "Bound fraction (bound time / time)"}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shared", default=os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared")),
+                   help="the shared folder holding data/traces (default: ../shared)")
+    p.add_argument("--predictor", default=None, help="trained forecaster folder (`seqmoe train`); default: train once, cached")
+    p.add_argument("--max-tokens", type=int, default=1000, help="replay the first N test tokens (0: all 18,623)")
+    p.add_argument("--hardware", default="h100-pcie5,a100-pcie4", help="comma-separated hardware profiles")
+    p.add_argument("--residencies", default="0.1,0.25,0.45,0.65,0.9", help="comma-separated residencies")
+    p.add_argument("--systems", default=",".join(SEQMOE + BASELINES), help="comma-separated systems")
+    p.add_argument("--out", default="results/bench-seqmoe", help="output folder")
+    args = p.parse_args()
+    puffin = Path(args.shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
+    if not puffin.is_dir():
+        print(f"shared traces not found at {puffin}; nothing to measure", file=sys.stderr)
+        return 0
+    systems = args.systems.split(",")
+    unknown = [s for s in systems if s not in SYSTEMS]
+    if unknown:
+        p.error(f"unknown system {unknown[0]!r}; see `seqmoe systems`")
+    residencies = [float(r) for r in args.residencies.split(",")]
+    trace = load_trace(puffin)
+    R = trace.num_requests
+    train, test = trace.select_requests(np.arange(R - 200)), trace.select_requests(np.arange(R - 200, R))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tables, files = [], []
+    for hw in args.hardware.split(","):
+        cfg = SimConfig(trace="puffin[-200:]", train="puffin[:-200]", hardware=hw, predictor=args.predictor,
+                        max_tokens=args.max_tokens or None)
+        w = load_workload(cfg, train=train, test=test)
+        t0 = time.perf_counter()
+        rows = list(run_sweep(cfg, systems, residencies, workload=w, progress=True))
+        print(f"{hw}: {len(rows)} replays in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        write_jsonl(rows, out / f"{hw}.jsonl")
+        plot_results(rows, out / hw, caption=f"python benchmarks/seqmoe_results.py --max-tokens {args.max_tokens}")
+        files.append(str(out / f"{hw}.jsonl"))
+        tables.append(_tables(rows, hw, systems, residencies))
+    text = "\n\n".join(tables) + "\n"
+    (out / "RESULTS.md").write_text(text)
+    print(text)
+    print(json.dumps({"results": files, "tables": str(out / "RESULTS.md"), "max_tokens": args.max_tokens}))
+    return 0
+
+
+def _tables(rows: list[dict], hw: str, systems: list[str], residencies: list[float]) -> str:
+    """Markdown tables (system x residency) of the three metrics; the best realisable value in bold."""
+    cell = {(r["system"], r["residency"]): r for r in rows}
+    head = "| system | " + " | ".join(f"r={x:g}" for x in residencies) + " |"
+    rule = "|---" * (len(residencies) + 1) + "|"
+    oracles = {"belady", "oracle-prefetch", "seqmoe-oracle-forecast"}
+    parts = [f"### {hw} ({rows[0]['num_tokens']} test tokens)"]
+    for key, title in TABLES.items():
+        best = {x: max(cell[s, x][key] for s in systems if s not in oracles) for x in residencies}
+        lines = [f"{title}:", "", head, rule]
+        for s in systems:
+            vals = [cell[s, x][key] for x in residencies]
+            txt = [f"**{v:.3f}**" if s not in oracles and v == best[x] else f"{v:.3f}" for v, x in zip(vals, residencies)]
+            lines.append(f"| `{s}` | " + " | ".join(txt) + " |")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
