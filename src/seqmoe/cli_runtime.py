@@ -1,8 +1,9 @@
-"""`seqmoe generate`: greedy generation with the routed experts offloaded to a C-slot device pool.
+"""`seqmoe generate` and `seqmoe bench-runtime`: the routed experts offloaded to a C-slot device pool.
 
     seqmoe generate --model seqmoe-tiny --prompt "Once upon a time" --residency 0.3 --system on-demand-lru
-    seqmoe generate --model models/olmoe --prompt "..." --residency 0.5 --system affinity-style \\
-        --train results/olmoe/train.safetensors --max-new-tokens 64 --json
+    seqmoe generate --model models/olmoe --prompt "..." --residency 0.5 --system seqmoe \\
+        --train results/olmoe/train.safetensors --predictor results/predictor-olmoe --max-new-tokens 64 --json
+    seqmoe bench-runtime --model seqmoe-tiny --residencies 0.25,0.5,1.0 --out bench.jsonl
 
 The model is loaded on the CPU and then offloaded: its routed experts are packed into host memory
 and only the dense rest moves to `--device`, so the whole model never has to fit there.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from seqmoe.errors import UserError
@@ -34,6 +36,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
     gen.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by "
                      "systems that learn, e.g. affinity-style)")
+    gen.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint of the seqmoe systems (default: one "
+                     "trained on --train once and cached)")
     gen.add_argument("--device", default=None, help="device of the pool and the dense layers (default: cuda when "
                      "available, else cpu)")
     gen.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
@@ -44,6 +48,31 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
     gen.set_defaults(func=run_generate)
 
+    b = subparsers.add_parser(
+        "bench-runtime",
+        help="tokens/s of greedy decode: full model vs offloaded systems and residencies (CPU)",
+        description="Decode built-in Python snippets (or --prompt) greedily with the full model and with each "
+        "--systems x --residencies offloaded on the CPU, the copy worker emulating a link on which one expert copy "
+        "takes --link-ratio x one layer's measured expert compute; print tokens/s, hit rate and the host overhead "
+        "per token, then one JSON line.",
+    )
+    b.add_argument("--model", default="seqmoe-tiny", metavar="PATH_OR_NAME", help="model folder or seqmoe-tiny (default)")
+    b.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: built-in snippets)")
+    b.add_argument("--residencies", default="0.25,0.5,1.0", help="comma-separated residencies (default: 0.25,0.5,1.0)")
+    b.add_argument("--systems", default="on-demand-lru,seqmoe", help="comma-separated systems (default: on-demand-lru,seqmoe)")
+    b.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default: 32)")
+    b.add_argument("--repeats", type=int, default=2, help="passes over the prompts per run; the fastest counts (default: 2)")
+    b.add_argument("--train", metavar="TRACE", help="routing trace of the model (default: collected over built-in prompts)")
+    b.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint for the seqmoe systems (default: one "
+                   "trained briefly on the trace)")
+    b.add_argument("--predictor-minutes", type=float, default=0.5, help="training time of that forecaster (default: 0.5)")
+    b.add_argument("--link-ratio", type=float, default=1.0, help="one expert copy takes this many times one layer's "
+                   "expert compute (default: 1)")
+    b.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto", help="weights dtype")
+    b.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
+    b.add_argument("--out", metavar="FILE.jsonl", help="also append the JSON line to this file")
+    b.set_defaults(func=run_bench)
+
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
@@ -53,7 +82,9 @@ def run_generate(args) -> int:
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     from seqmoe.collect import load_model
+    from seqmoe.predict.cache import seq_predictor_for
     from seqmoe.runtime import offload
+    from seqmoe.systems import SYSTEMS
     from seqmoe.trace.io import load_trace
 
     import torch
@@ -61,6 +92,11 @@ def run_generate(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     train = load_trace(args.train) if args.train else None
+    predictor = args.predictor
+    if args.system in SYSTEMS and SYSTEMS[args.system].needs_predictor:
+        if train is None:
+            raise UserError(f"--system {args.system} needs --train TRACE (and --predictor DIR, or one is trained on it)")
+        predictor = seq_predictor_for(args.predictor, train)
     model, tok = load_model(args.model, device="cpu", dtype=args.dtype)
     if tok is None:
         raise UserError(f"{args.model} has no tokenizer files; generate needs a tokenizer to read --prompt")
@@ -68,8 +104,8 @@ def run_generate(args) -> int:
     if ids.shape[1] == 0:
         raise UserError("the prompt has no tokens; give some text")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    runtime = offload(model, args.residency, args.system, device=device, train=train, bandwidth=args.bandwidth,
-                      hardware=args.hardware)
+    runtime = offload(model, args.residency, args.system, device=device, train=train, predictor=predictor,
+                      bandwidth=args.bandwidth, hardware=args.hardware)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
     ids = ids.to(runtime.pool.device)
     t0 = time.perf_counter()
@@ -94,4 +130,45 @@ def run_generate(args) -> int:
           f"dense layers {_mib(dense)}")
     if args.json:
         print(json.dumps(stats))
+    return 0
+
+
+def _floats(text: str, what: str) -> list[float]:
+    try:
+        out = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"{what} must be comma-separated numbers, got {text!r}") from None
+    if not out:
+        raise UserError(f"{what} is empty")
+    return out
+
+
+def run_bench(args) -> int:
+    """`seqmoe bench-runtime`: the table, then one JSON line (also appended to --out)."""
+    residencies = _floats(args.residencies, "--residencies")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if not systems:
+        raise UserError("--systems is empty")
+    from seqmoe.collect import load_model
+    from seqmoe.runtime.bench import PROMPTS, bench_runtime, format_table
+    from seqmoe.trace.io import load_trace
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    train = load_trace(args.train) if args.train else None
+    model, tok = load_model(args.model, device="cpu", dtype=args.dtype)
+    if tok is None:
+        raise UserError(f"{args.model} has no tokenizer files; bench-runtime needs one to encode the prompts")
+    log = lambda line: print(f"seqmoe: {line}", file=sys.stderr)  # noqa: E731
+    result = bench_runtime(model, tok, args.prompt or PROMPTS, residencies=residencies, systems=systems,
+                           new_tokens=args.new_tokens, repeats=args.repeats, train=train, predictor=args.predictor,
+                           link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log)
+    result["model"] = str(args.model)
+    print(format_table(result))
+    line = json.dumps(result)
+    print(line)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(line + "\n")
     return 0

@@ -16,6 +16,11 @@ Timing of the calls against the real forward:
   layer has routed: the calls run after the forward, and the forward itself computes each expert
   from wherever it is (pool slot or host block; both exact).
 
+`install_hooks` connects a model to a `Controller` (forward pre/post hooks, one hook per router).
+The seq2seq forecaster of the `seqmoe` systems is driven like any predictor: `begin_request` at a
+request's first position, `begin_token` with the position's input id (a Python int, hashed without
+a vocabulary, as `simulate()` hashes the recorded trace's ids), `observe` at each reveal.
+
 A forward whose model cache is empty starts a new request (as `generate` does for its prompt);
 without a cache (`use_cache=False`) every forward is a request of its own. If a forward fails
 midway (e.g. the system finds no slot), the positions already fed to the state machine stay
@@ -24,8 +29,13 @@ counted but are not recorded in `trace()`: offload again after such an error.
 
 from __future__ import annotations
 
-import numpy as np
+import time
 
+import numpy as np
+import torch
+
+from seqmoe.collect.routers import unpack_router_output
+from seqmoe.errors import UserError
 from seqmoe.runtime.copier import CopyWorker
 from seqmoe.runtime.pool import ExpertPool
 from seqmoe.sim.replay import ReplayState, System
@@ -58,7 +68,9 @@ class Controller:
         self._offsets = [0]
         self._forward: tuple[np.ndarray, np.ndarray, list[int | None]] | None = None
         self._next_layer = 0
+        self._shape = (0, top_k)
         self._new_request = True
+        self.host_s = 0.0  # seconds in the model hooks (routing events, control plane); see `OffloadRuntime.stats`
 
     def attach(self, state: ReplayState, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = state, pool, worker
@@ -87,18 +99,19 @@ class Controller:
         self._forward = (np.zeros((n, self.L, self.K), np.int16), np.zeros((n, self.L, self.K), np.float32), tokens)
         self._new_request = new_request
         self._next_layer = 0
+        self._shape = (n, self.K)
 
     def route(self, layer: int, ids: np.ndarray, weights: np.ndarray) -> None:
         """Layer `layer`'s router chose `ids` [N, K] with `weights` for the forward's N positions."""
         if self._forward is None:
             raise RuntimeError("a router ran outside a model forward; call the model, not its layers")
         buf_ids, buf_w, tokens = self._forward
-        if layer != self._next_layer or ids.shape != buf_ids[:, layer].shape:
+        if layer != self._next_layer or ids.shape != self._shape:
             raise RuntimeError(f"MoE layer {layer} routed {ids.shape} out of order (expected layer "
-                               f"{self._next_layer}, shape {buf_ids[:, layer].shape}); batch-1 forwards only")
+                               f"{self._next_layer}, shape {self._shape}); batch-1 forwards only")
         buf_ids[:, layer], buf_w[:, layer] = ids, weights
         self._next_layer = layer + 1
-        if len(tokens) == 1:
+        if self._shape[0] == 1:
             if layer == 0:
                 self._token_start(tokens[0])
             self._reveal(layer, buf_ids[0, layer])
@@ -141,7 +154,10 @@ class Controller:
 
     def _reveal(self, layer: int, ids: np.ndarray) -> None:
         step = self.t * self.L + layer
-        uids = (ids.astype(np.int64) + layer * self.E).tolist()
+        base, routed = layer * self.E, ids.tolist()
+        if max(routed) >= self.E:
+            raise UserError(f"an expert index >= {self.E} was routed: expert parallelism is not supported")
+        uids = [e + base for e in routed]
         reveal = self.clock + self.state.non_expert_s
         self.clock = self.state.layer(step, uids, ids if self.system.predictor is not None else None, reveal)
 
@@ -165,3 +181,60 @@ class Controller:
             expert_ids=np.concatenate(self._ids), gate_weights=np.concatenate(self._weights), token_ids=tokens,
             request_offsets=np.asarray(offsets, np.int64), meta=self.meta,
         )
+
+
+# -- the model hooks that feed a Controller ---------------------------------------------------------------
+def install_hooks(controller: Controller, model: torch.nn.Module, routers: list[torch.nn.Module]) -> list:
+    """Hook `model` (forward start and end) and its MoE `routers` (layer order) to `controller`; the handles."""
+    hooks = [model.register_forward_pre_hook(_pre_hook(controller), with_kwargs=True),
+             model.register_forward_hook(_post_hook(controller), always_call=True)]
+    return hooks + [r.register_forward_hook(_router_hook(controller, l)) for l, r in enumerate(routers)]
+
+
+def _pre_hook(controller: Controller):
+    def hook(module, args, kwargs):
+        t0 = time.perf_counter()
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            shape, tokens = ids.shape, None
+        else:
+            emb = kwargs.get("inputs_embeds")
+            if emb is None:
+                raise UserError("the offloaded model was called without input_ids or inputs_embeds")
+            shape, tokens = emb.shape[:2], [None] * emb.shape[1]
+        if len(shape) != 2 or shape[0] != 1:
+            raise UserError(f"the offload runtime serves batch 1; got inputs of shape {tuple(shape)}")
+        if tokens is None:
+            tokens = ids[0].tolist()
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        new_request = cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0
+        controller.begin_forward(tokens, new_request or controller.num_tokens == 0)
+        controller.host_s += time.perf_counter() - t0
+
+    return hook
+
+
+def _post_hook(controller: Controller):
+    def hook(module, args, output):
+        t0 = time.perf_counter()
+        controller.end_forward()
+        controller.host_s += time.perf_counter() - t0
+
+    return hook
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    x = x.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
+    return x.float().numpy() if x.dtype in (torch.bfloat16, torch.float16) else x.numpy()
+
+
+def _router_hook(controller: Controller, layer: int):
+    def hook(module, args, output):
+        t0 = time.perf_counter()
+        _, weights, ids = unpack_router_output(module, output)
+        controller.route(layer, _host(ids), _host(weights))  # cast to int16 / float32 by the controller
+        controller.host_s += time.perf_counter() - t0
+
+    return hook

@@ -14,14 +14,16 @@ plane) and `copier` (the copy worker).
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import numpy as np
 import torch
 
-from seqmoe.collect.routers import MoeLayer, decoder_layers, moe_layers, unpack_router_output
+from seqmoe.cache import LRUPolicy
+from seqmoe.collect.routers import MoeLayer, decoder_layers, moe_layers
 from seqmoe.errors import UserError
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
-from seqmoe.runtime.control import Controller
+from seqmoe.runtime.control import Controller, install_hooks
 from seqmoe.runtime.copier import CopyWorker
 from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
 from seqmoe.runtime.pool import ExpertPool
@@ -38,24 +40,42 @@ TRAIN_FREE = frozenset({"on-demand-lru", "on-demand-lfu", "mixtral-offloading-st
 """Systems that learn nothing from a training trace; every other one needs `train=`."""
 
 
-def live_systems(with_train: bool = True) -> list[str]:
-    """Systems the runtime can run (no oracle, no seq2seq forecaster); only train-free ones if not `with_train`."""
-    names = [n for n, s in SYSTEMS.items() if n not in ORACLES and not s.needs_predictor]
-    return names if with_train else [n for n in names if n in TRAIN_FREE]
+def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[str]:
+    """Systems the runtime can run (no oracle): those that need a `train=` trace only if `with_train`,
+    those that need the seq2seq forecaster (`predictor=`) only if `with_predictor`."""
+    return [n for n, s in SYSTEMS.items() if n not in ORACLES and (with_predictor or not s.needs_predictor)
+            and (with_train or n in TRAIN_FREE)]
 
 
 def _check_system(system: str, train: RoutingTrace | None, predictor) -> None:
+    choices = ", ".join(live_systems(with_predictor=True))
     if system not in SYSTEMS:
-        raise UserError(f"unknown system {system!r}; choose one of: {', '.join(live_systems())}")
+        raise UserError(f"unknown system {system!r}; choose one of: {choices}")
     if system in ORACLES:
-        raise UserError(f"system {system!r} reads the future of the trace and cannot run live; "
-                        f"choose one of: {', '.join(live_systems())}")
-    if SYSTEMS[system].needs_predictor:
-        raise UserError(f"system {system!r} needs the seq2seq forecaster, which the runtime does not drive yet; "
-                        f"choose one of: {', '.join(live_systems())}")
+        raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: {choices}")
+    if SYSTEMS[system].needs_predictor and predictor is None:
+        raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor=DIR (a checkpoint of "
+                        "`seqmoe train` on a trace of this model) or a SeqPredictor")
     if system not in TRAIN_FREE and train is None:
         raise UserError(f"system {system!r} learns from a routing trace of this model: pass train=RoutingTrace "
                         "(seqmoe.collect.collect_trace), or choose one of: " + ", ".join(sorted(TRAIN_FREE)))
+
+
+def _load_predictor(predictor, L: int, E: int, K: int):
+    """The forecaster object for `predictor` (a checkpoint folder or a `SeqPredictor`), checked against L/E/K."""
+    if isinstance(predictor, (str, os.PathLike)):
+        from seqmoe.predict.seqmodel import load_seq_predictor
+
+        predictor = load_seq_predictor(predictor)
+    cfg = getattr(predictor, "config", None)
+    got = tuple(getattr(cfg, a, None) for a in ("num_layers", "num_experts", "top_k"))
+    if cfg is not None and got != (L, E, K):
+        raise UserError(f"the predictor was trained for L={got[0]}, E={got[1]}, K={got[2]} but the model has "
+                        f"L={L}, E={E}, K={K}; train one on a trace of this model (seqmoe train)")
+    if not all(callable(getattr(predictor, m, None)) for m in ("check_trace", "begin_request", "begin_token",
+                                                                 "observe", "predict")):
+        raise UserError(f"predictor= must be a checkpoint folder or a SeqPredictor, got {type(predictor).__name__}")
+    return predictor
 
 
 def _placeholder_trace(L: int, E: int, K: int, name: str) -> RoutingTrace:
@@ -104,6 +124,20 @@ class OffloadRuntime:
             raise UserError("the model has not run since offload(); call model.generate(...) first")
         return t
 
+    @property
+    def host_s(self) -> float:
+        """Seconds the model thread spent orchestrating so far: hooks, control plane, the experts
+        wrapper outside the original forward and the gathers (perf_counter)."""
+        return self.controller.host_s + sum(e.host_s for e in self._wrappers())
+
+    @property
+    def gather_s(self) -> float:
+        """Seconds the experts wrappers spent gathering routed rows (slot or host block) into a buffer."""
+        return sum(e.gather_s for e in self._wrappers())
+
+    def _wrappers(self) -> list[OffloadedExperts]:
+        return [b.experts for b in self._blocks if isinstance(b.experts, OffloadedExperts)]
+
     def synchronize(self) -> None:
         """Wait until every queued expert copy has run."""
         self.worker.drain()
@@ -133,6 +167,8 @@ class OffloadRuntime:
             "virtual_time_s": self.controller.clock, "stall_s": c.stall_s,
             "full_load_time_s": tokens * (st.token_s + st.num_layers * st.layer_s),
             "decision_us_per_token": 1e6 * c.decision_s / tokens if tokens else 0.0,
+            "host_us_per_token": 1e6 * self.host_s / tokens if tokens else 0.0,
+            "gather_us_per_token": 1e6 * self.gather_s / tokens if tokens else 0.0,
             "device": str(pool.device),
         }
 
@@ -165,9 +201,11 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
     Args:
         model: modified in place (its `experts` submodules, hooks); `runtime.restore()` undoes it.
         residency: r in (0, 1]: C = floor(r x L x E) slots; C must hold one layer's top-k experts.
-        system: a live system (`live_systems()`): eviction policy + predictor + prefetch scheduler.
+        system: a live system (`live_systems(with_predictor=True)`): eviction policy + predictor + prefetch scheduler.
         device: where the pool and the rest of the model live (default: the model's device).
-        predictor: reserved for the seq2seq forecaster systems (not driven live yet).
+        predictor: the seq2seq forecaster of the `seqmoe*` systems: a checkpoint folder (`seqmoe train`
+            on a trace of this model) or a `SeqPredictor`; ignored by the other systems. It is fed
+            each position's token id (the model's input ids, hashed without a vocabulary).
         bandwidth: host->device bytes/s of the virtual clock's cost model (default: the hardware's).
         train: routing trace of this model for systems that learn (start placement, statistics);
             without it the pool starts empty.
@@ -181,6 +219,7 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
         raise UserError(f"residency {residency} gives {C} slots for {L}x{E} experts, fewer than the top-{K} "
                         f"experts one layer needs; use residency >= {K / (L * E):.4g}")
     _check_system(system, train, predictor)
+    predictor = _load_predictor(predictor, L, E, K) if SYSTEMS[system].needs_predictor else None
     if train is not None and (train.num_layers, train.num_experts, train.top_k) != (L, E, K):
         raise UserError(f"train trace has L={train.num_layers}, E={train.num_experts}, K={train.top_k} but the model "
                         f"has L={L}, E={E}, K={K}; collect it from this model")
@@ -190,13 +229,20 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
     start = start_placement(train, C) if train is not None else []
     name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
     dims = _placeholder_trace(L, E, K, name)
-    sys_obj = build_system(system, SystemInputs(train=train or dims, test=train or dims, capacity=C,
-                                                start=tuple(start), predictor=predictor))
+    # test: the placeholder (no token ids, no vocab), so the forecaster hashes the live token ids
+    # directly, as simulate() does on the recorded trace (its ids have no vocab either).
+    sys_obj = build_system(system, SystemInputs(train=train or dims, test=dims, capacity=C, start=tuple(start),
+                                                predictor=predictor))
     if sys_obj.prefetcher is not None and C < K + 1:
         # A running prefetch pins its slot until it lands; with only K slots the next layer's demand
         # copies could find no slot (the simulator stops with "slots are all copying").
         raise UserError(f"system {system!r} prefetches and needs at least top-k + 1 = {K + 1} slots, but residency "
                         f"{residency} gives {C}; use residency >= {(K + 1) / (L * E):.4g} or an on-demand system")
+    if len(start) == L * E:
+        # Every expert is resident for good: no prefetch, load or eviction can happen, so the counts
+        # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
+        # bookkeeping is the cheapest); skip their per-layer work.
+        sys_obj = dataclasses.replace(sys_obj, policy=LRUPolicy(), predictor=None, prefetcher=None)
     blocks, originals = [], []
     for m in layers:
         block = model.get_submodule(m.name.rsplit(".", 1)[0])
@@ -239,46 +285,7 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
     worker = CopyWorker(pool, copy_time_s(mp, hw) if emulate_link else None)
     controller.attach(state, pool, worker)
     for l, (block, orig) in enumerate(zip(blocks, originals)):
-        block.experts = OffloadedExperts(orig, l, layout, pool.rows, controller.experts_done)
-    hooks = [model.register_forward_pre_hook(_pre_hook(controller), with_kwargs=True),
-             model.register_forward_hook(_post_hook(controller), always_call=True)]
-    hooks += [m.router.register_forward_hook(_router_hook(controller, l)) for l, m in enumerate(layers)]
+        block.experts = OffloadedExperts(orig, l, layout, pool, controller.experts_done)
+    hooks = install_hooks(controller, model, [m.router for m in layers])
     return OffloadRuntime(model, blocks, originals, layouts, pool, worker, controller, hooks, system=system,
                           residency=residency, start=start, model_profile=mp, hardware=hw)
-
-
-def _pre_hook(controller: Controller):
-    def hook(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            shape, tokens = ids.shape, None
-        else:
-            emb = kwargs.get("inputs_embeds")
-            if emb is None:
-                raise UserError("the offloaded model was called without input_ids or inputs_embeds")
-            shape, tokens = emb.shape[:2], [None] * emb.shape[1]
-        if len(shape) != 2 or shape[0] != 1:
-            raise UserError(f"the offload runtime serves batch 1; got inputs of shape {tuple(shape)}")
-        if tokens is None:
-            tokens = ids[0].tolist()
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        new_request = cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0
-        controller.begin_forward(tokens, new_request or controller.num_tokens == 0)
-
-    return hook
-
-
-def _post_hook(controller: Controller):
-    def hook(module, args, output):
-        controller.end_forward()
-
-    return hook
-
-
-def _router_hook(controller: Controller, layer: int):
-    def hook(module, args, output):
-        _, weights, ids = unpack_router_output(module, output)
-        controller.route(layer, ids.detach().to("cpu", torch.int16).numpy(),
-                         weights.detach().to("cpu", torch.float32).numpy())
-
-    return hook

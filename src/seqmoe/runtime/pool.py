@@ -14,7 +14,9 @@ sees either a finished slot or -1, and -1 means "read the host block", which is 
 Slot ownership is generation-counted: `release` bumps the slot's generation, so a copy that was
 queued (or running) for the previous owner is skipped (or not published) and a later owner's copy,
 queued behind it on the one worker, overwrites the slot. Only the control plane (the model's
-thread) assigns and releases slots, and it never reads a slot it released.
+thread) assigns and releases slots, and it never reads a slot it released. A new owner takes the
+free slot nearest its home slot (`home_slot`: uids laid out in order over the C slots), so one
+layer's resident experts sit in a narrow window that the experts forward can read in place.
 
 CUDA design (not implemented as a kernel here): the host blocks are pinned and mapped
 (`cudaHostRegister`/UVA), the experts kernel reads the device slot table and takes each expert's
@@ -32,6 +34,8 @@ import numpy as np
 import torch
 
 from seqmoe.errors import UserError
+
+_NEAR = 16  # how far from its home slot `assign` looks for a free slot before taking any
 
 
 class ExpertPool:
@@ -55,15 +59,16 @@ class ExpertPool:
         self.pool = torch.empty((capacity, self.numel), dtype=self.dtype, device=device)
         self.table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, device=device)
         # Readers use a host view of the table: the same memory on CPU, a mirror on CUDA.
-        self._table_host = self.table.numpy() if device.type == "cpu" else np.full(self.table.shape, -1, np.int32)
+        self.table_host = self.table.numpy() if device.type == "cpu" else np.full(self.table.shape, -1, np.int32)
         self._lock = threading.Lock()
         self.slot_of: dict[int, int] = {}  # uid -> slot (assigned; maybe not yet copied)
         self.owner = [-1] * capacity
         self.gen = [0] * capacity
         self.loaded = [False] * capacity
-        self.free = list(range(capacity - 1, -1, -1))
+        self.free = set(range(capacity))
         self._released_at: list = [None] * capacity  # CUDA events: last reads of a released slot
         self.pool_reads = self.host_reads = 0
+        self.version = 0  # bumped by every table change (readers cache what they derive from the table)
         self.peak_gathered = 0  # most experts one `rows` call gathered (its transient buffer, see `rows`)
 
     @property
@@ -89,13 +94,28 @@ class ExpertPool:
             raise RuntimeError(f"expert {uid} already holds slot {self.slot_of[uid]}")
         if not self.free:
             raise RuntimeError("no free slot: the control plane loaded more experts than the pool holds")
-        slot = self.free.pop()
+        slot = self._pick_slot(uid)
         with self._lock:
             self.gen[slot] += 1
             self.owner[slot] = uid
             self.loaded[slot] = False
             self.slot_of[uid] = slot
             return slot, self.gen[slot]
+
+    def home_slot(self, uid: int) -> int:
+        """The slot `uid` takes when it is free: uids spread in order over the pool (slot = uid at
+        full residency), so a layer's experts sit in a narrow window of slots (see `experts`)."""
+        return uid * self.capacity // (self.num_layers * self.num_experts)
+
+    def _pick_slot(self, uid: int) -> int:
+        """Take the free slot nearest to `uid`'s home slot (searching a few either side), else any."""
+        free, home = self.free, self.home_slot(uid)
+        for d in range(_NEAR):
+            for slot in (home - d, home + d):
+                if slot in free:
+                    free.remove(slot)
+                    return slot
+        return free.pop()
 
     def release(self, uid: int) -> None:
         """`uid` leaves the pool: unpublish it and free its slot (a pending copy of it is dropped)."""
@@ -110,10 +130,11 @@ class ExpertPool:
             ev = torch.cuda.Event()
             ev.record()  # reads of this slot queued so far on the model's stream
             self._released_at[slot] = ev
-        self.free.append(slot)
+        self.free.add(slot)
 
     def _publish(self, layer: int, e: int, slot: int) -> None:
-        self._table_host[layer, e] = slot
+        self.table_host[layer, e] = slot
+        self.version += 1
         if self.device.type != "cpu":
             self.table[layer, e] = slot
 
@@ -152,7 +173,7 @@ class ExpertPool:
         self.peak_gathered = max(self.peak_gathered, len(experts))
         if not experts:
             return self.pool.new_empty((0, self.numel))
-        table, host, parts = self._table_host[layer], self.hosts[layer], []
+        table, host, parts = self.table_host[layer], self.hosts[layer], []
         for e in experts:
             slot = int(table[e])
             if slot >= 0:
@@ -165,7 +186,7 @@ class ExpertPool:
 
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""
-        t = self._table_host
+        t = self.table_host
         return {int(l) * self.num_experts + int(e) for l, e in zip(*np.nonzero(t >= 0))}
 
     def load_now(self, uid: int) -> None:

@@ -1,0 +1,233 @@
+"""`seqmoe bench-runtime`: greedy decode speed of the offloading runtime against the full model, on the CPU.
+
+    result = bench_runtime(model, tokenizer, residencies=(0.25, 0.5, 1.0))
+    print(format_table(result))
+
+Each run decodes every prompt greedily for `new_tokens` tokens with a manual loop (one prompt
+forward, then one forward per token, EOS ignored) and times the decode forwards only; tokens/s is
+decode tokens over decode seconds, from the fastest of `repeats` passes over the prompts. The
+full-load run is the plain model; each offloaded run offloads the same model instance, checks
+that it generates the full model's tokens, and restores it. The full model is timed again right
+before each offloaded run and `vs_full` divides by that (other load on the machine drifts). Host overhead is the time the model
+thread spends in the runtime's hooks, control plane and experts wrapper (`OffloadRuntime.host_s`)
+per decode token; the gathers of routed rows (data plane, `gather_s`) are reported apart.
+
+The link (the copy worker's emulated host->device link, and the cost model's bandwidth) is scaled
+to the model: one expert copy takes `link_ratio` times one layer's routed-expert compute as measured
+on the full model on this CPU (default 1: about the regime of a small MoE on a GPU over PCIe,
+where a copy costs roughly one layer's compute or more). The cost model's memory rate is set so that
+its full-load token time equals the measured one, so the control plane's virtual clock runs at
+the speed of this CPU.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import tempfile
+import time
+
+import torch
+
+from seqmoe.errors import UserError
+from seqmoe.profiles import HardwareProfile, ModelProfile, full_load_token_s
+from seqmoe.runtime.offload import live_systems, offload
+from seqmoe.trace.schema import RoutingTrace
+
+PROMPTS = (
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "import os\n\n\ndef list_files(path):\n    for name in os.listdir(path):\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n",
+    "with open(filename) as f:\n    for line in f:\n        line = line.strip()\n",
+)
+"""Short Python snippets (seqmoe-tiny is trained on Python standard library source)."""
+TRAIN_PROMPTS = (
+    "def read_config(path):\n    import json\n    with open(path) as f:\n",
+    "class Node:\n    def __init__(self, value, next=None):\n        self.value = value\n",
+    "for i, item in enumerate(items):\n    if item is None:\n        continue\n",
+    "try:\n    import threading\nexcept ImportError:\n    threading = None\n",
+    "def __repr__(self):\n    return '%s(%r)' % (self.__class__.__name__, self.args)\n",
+    "import re\n\npattern = re.compile(r'\\d+')\nfor match in pattern.finditer(text):\n",
+    "if __name__ == '__main__':\n    import sys\n    main(sys.argv[1:])\n",
+    "def _check_arg(value, name):\n    if not isinstance(value, int):\n        raise TypeError(",
+)
+"""Prompts of the routing trace a forecaster is trained on when none is given (disjoint from `PROMPTS`)."""
+SYSTEMS = ("on-demand-lru", "seqmoe")
+
+
+def greedy_decode(model, ids: list[int], new_tokens: int, runtime=None) -> tuple[list[int], float, tuple[float, float]]:
+    """(generated ids, seconds of the decode forwards, (runtime host, gather) seconds during them) of
+    batch-1 greedy decode."""
+    from transformers import DynamicCache
+
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        out = model(torch.tensor([ids]), cache=cache, use_cache=True)
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        tokens = [int(nxt)]
+        host0 = (runtime.host_s, runtime.gather_s) if runtime is not None else (0.0, 0.0)
+        t0 = time.perf_counter()
+        for _ in range(new_tokens - 1):
+            out = model(nxt, cache=cache, use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            tokens.append(int(nxt))
+        wall = time.perf_counter() - t0
+        host = (runtime.host_s - host0[0], runtime.gather_s - host0[1]) if runtime is not None else (0.0, 0.0)
+    return tokens, wall, host
+
+
+def _timed_passes(model, prompts: list[list[int]], new_tokens: int, repeats: int, runtime=None) -> dict:
+    """Decode every prompt `repeats` times; the tokens and the fastest pass's numbers."""
+    best = None
+    for _ in range(repeats):
+        outs = [greedy_decode(model, p, new_tokens, runtime) for p in prompts]
+        wall = sum(o[1] for o in outs)
+        if best is None or wall < best["wall_s"]:
+            best = {"tokens": [o[0] for o in outs], "wall_s": wall, "host_s": sum(o[2][0] for o in outs),
+                    "gather_s": sum(o[2][1] for o in outs)}
+    n = len(prompts) * (new_tokens - 1)
+    return {**best, "decode_tokens": n, "tokens_per_s": n / best["wall_s"]}
+
+
+def expert_layer_seconds(model, layers, prompt: list[int], new_tokens: int) -> float:
+    """Median seconds of one MoE layer's routed-expert compute for one decode token (full model)."""
+    times: list[float] = []
+    start: list[float] = []
+    blocks = [model.get_submodule(m.name.rsplit(".", 1)[0]).experts for m in layers]
+    handles = [b.register_forward_pre_hook(lambda *a: start.append(time.perf_counter())) for b in blocks]
+    handles += [b.register_forward_hook(lambda *a: times.append(time.perf_counter() - start.pop())) for b in blocks]
+    try:
+        greedy_decode(model, prompt, new_tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    decode = sorted(times[len(layers):])  # the first L calls are the prompt forward
+    return decode[len(decode) // 2]
+
+
+def cpu_hardware(mp: ModelProfile, token_s: float, copy_s: float) -> HardwareProfile:
+    """A cost model of this CPU: full-load token time `token_s`, one expert copy `copy_s`."""
+    unit = dataclasses.replace(_UNIT, h2d_bytes_per_s=mp.expert_bytes / copy_s)
+    rate = full_load_token_s(mp, unit) / token_s  # full_load_token_s is linear in 1 / hbm rate
+    return dataclasses.replace(unit, hbm_bytes_per_s=rate, source=f"measured: {1e3 * token_s:.3f} ms/token, "
+                               f"{1e6 * copy_s:.1f} us/copy")
+
+
+_UNIT = HardwareProfile(name="cpu (measured)", h2d_bytes_per_s=1.0, copy_overhead_s=0.0, hbm_bytes_per_s=1.0,
+                        hbm_efficiency=1.0, device_memory_bytes=1 << 40)
+
+
+def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
+    if predictor is not None:
+        return predictor
+    from seqmoe.predict.seqmodel import load_seq_predictor
+    from seqmoe.predict.train import train_seq_predictor
+
+    log(f"training a small forecaster on the trace ({train.num_tokens} tokens, up to {60 * minutes:.0f} s)")
+    with tempfile.TemporaryDirectory(prefix="seqmoe-bench-") as d:
+        train_seq_predictor(train, d, epochs=20, max_minutes=minutes, hash_buckets=1024, embed_dim=64,
+                            hidden_dim=64, query_dim=64, progress=False)
+        return load_seq_predictor(d)
+
+
+def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 0.5, 1.0), systems=SYSTEMS,
+                  new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
+                  link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None) -> dict:
+    """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
+
+    Args:
+        model: a transformers MoE causal LM on the CPU (offloaded and restored in turn; left as it was).
+        tokenizer: encodes text `prompts`; None when `prompts` are token id lists.
+        prompts: texts or token id lists, one request each.
+        new_tokens: tokens generated per prompt (>= 2; the first comes from the prompt forward).
+        repeats: passes over the prompts per run; the fastest is reported.
+        train: routing trace of `model` (start placement, statistics, forecaster training); default:
+            collected from `model` over `TRAIN_PROMPTS` (decode mode).
+        predictor: forecaster of the `seqmoe*` systems (checkpoint folder or `SeqPredictor`);
+            default: one trained for `predictor_minutes` on `train`.
+        link_ratio: one expert copy takes this many times one layer's measured expert compute.
+        log: called with progress lines.
+
+    Returns:
+        {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
+    """
+    from seqmoe.collect import collect_trace, moe_layers
+    from seqmoe.systems import SYSTEMS as ALL
+
+    unknown = [s for s in systems if s not in live_systems(with_predictor=True)]
+    if unknown:
+        raise UserError(f"cannot bench {', '.join(unknown)}; choose from: {', '.join(live_systems(with_predictor=True))}")
+    if new_tokens < 2 or repeats < 1 or link_ratio <= 0:
+        raise UserError(f"need new_tokens >= 2, repeats >= 1 and link_ratio > 0 (got {new_tokens}, {repeats}, {link_ratio})")
+    if any(isinstance(p, str) for p in prompts) and tokenizer is None:
+        raise UserError("text prompts need the model's tokenizer")
+    ids = [tokenizer(p)["input_ids"] if isinstance(p, str) else list(p) for p in prompts]
+    if not ids or any(len(p) == 0 for p in ids):
+        raise UserError("every prompt needs at least one token")
+    layers = moe_layers(model)
+    greedy_decode(model, ids[0], min(new_tokens, 4))  # warm-up
+    full = _timed_passes(model, ids, new_tokens, repeats)
+    log(f"full load: {full['tokens_per_s']:.1f} tokens/s")
+    expert_s = expert_layer_seconds(model, layers, ids[0], new_tokens)
+    if train is None:
+        if tokenizer is None:
+            raise UserError("without train= the bench collects a trace over text prompts: give a tokenizer")
+        log(f"collecting a routing trace over {len(TRAIN_PROMPTS)} training prompts")
+        train = collect_trace(model, list(TRAIN_PROMPTS), tokenizer, mode="decode", new_tokens=new_tokens)
+    probe = offload(model, 1.0, "on-demand-lru")  # the measured model profile (bytes), then undo
+    mp = probe.model_profile
+    probe.restore()
+    hw = cpu_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s)
+    if any(ALL[s].needs_predictor for s in systems if s in ALL):
+        predictor = _forecaster(train, predictor, predictor_minutes, log)
+    runs = []
+    for system in systems:
+        for r in residencies:
+            pred = copy.deepcopy(predictor) if system in ALL and ALL[system].needs_predictor else None
+            near = _timed_passes(model, ids, new_tokens, repeats)  # the full model again, right before: load drifts
+            rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=True)
+            try:
+                greedy_decode(model, ids[0], min(new_tokens, 4), rt)  # warm-up (counted in the stats)
+                res = _timed_passes(model, ids, new_tokens, repeats, rt)
+                rt.synchronize()
+                s = rt.stats()
+            finally:
+                rt.restore()
+            run = {"system": system, "residency": r, "capacity": s["capacity"],
+                   "tokens_per_s": res["tokens_per_s"], "full_tokens_per_s": near["tokens_per_s"],
+                   "vs_full": res["tokens_per_s"] / near["tokens_per_s"],
+                   "exact": res["tokens"] == full["tokens"],
+                   "host_us_per_token": 1e6 * res["host_s"] / res["decode_tokens"],
+                   "gather_us_per_token": 1e6 * res["gather_s"] / res["decode_tokens"],
+                   **{k: s[k] for k in ("hit_rate", "ready_rate", "late_rate", "miss_rate", "prefetches",
+                                        "wasted_copies", "copies", "skipped_copies", "decision_us_per_token")}}
+            runs.append(run)
+            log(f"{system} r={r}: {run['tokens_per_s']:.1f} tokens/s, hit rate {run['hit_rate']:.3f}")
+    return {
+        "model": str(getattr(model.config, "_name_or_path", "") or model.config.model_type),
+        "new_tokens": new_tokens, "prompts": len(ids), "repeats": repeats, "threads": torch.get_num_threads(),
+        "train_tokens": train.num_tokens,
+        "link": {"ratio": link_ratio, "expert_layer_s": expert_s, "copy_s": link_ratio * expert_s,
+                 "bytes_per_s": hw.h2d_bytes_per_s, "expert_bytes": mp.expert_bytes, "hbm_bytes_per_s": hw.hbm_bytes_per_s},
+        "full": {"tokens_per_s": full["tokens_per_s"], "decode_tokens": full["decode_tokens"]},
+        "runs": runs,
+    }
+
+
+def format_table(result: dict) -> str:
+    """The runs of `bench_runtime` as a text table, full load first."""
+    head = f"{'system':<24} {'residency':>9} {'slots':>6} {'tokens/s':>9} {'vs full':>8} {'hit rate':>8} " \
+           f"{'host us/tok':>11} {'gather us/tok':>13} {'exact':>5}"
+    full = result["full"]
+    lines = [head, "-" * len(head),
+             f"{'full load':<24} {'-':>9} {'-':>6} {full['tokens_per_s']:>9.1f} {1.0:>8.2f} {'-':>8} {'-':>11} "
+             f"{'-':>13} {'-':>5}"]
+    for r in result["runs"]:
+        lines.append(f"{r['system']:<24} {r['residency']:>9.2f} {r['capacity']:>6} {r['tokens_per_s']:>9.1f} "
+                     f"{r['vs_full']:>8.2f} {r['hit_rate']:>8.3f} {r['host_us_per_token']:>11.1f} "
+                     f"{r['gather_us_per_token']:>13.1f} "
+                     f"{'yes' if r['exact'] else 'NO':>5}")
+    link = result["link"]
+    lines.append(f"link: one expert copy = {link['ratio']:g} x one layer's expert compute = "
+                 f"{1e6 * link['copy_s']:.1f} us ({link['bytes_per_s'] / 1e9:.3g} GB/s for {link['expert_bytes']} B experts)")
+    return "\n".join(lines)
