@@ -93,7 +93,20 @@ def test_other_presets_are_plausible():
     assert (v3.num_layers, v3.num_experts, v3.top_k, v3.expert_bytes) == (58, 256, 8, 3 * 7168 * 2048)
     h100 = HARDWARE_PROFILES["h100-pcie5"]
     for m in MODEL_PROFILES.values():  # batch-1 decode layers take tens to hundreds of microseconds
-        assert m.layer_bytes > 0 and m.token_bytes > 0 and 20e-6 < _layer_s(m, h100) < 0.5e-3
+        if m.name != "seqmoe-tiny":  # ours is 12 M parameters: a layer reads 0.5 MB
+            assert m.layer_bytes > 0 and m.token_bytes > 0 and 20e-6 < _layer_s(m, h100) < 0.5e-3
+
+
+def test_seqmoe_tiny_preset_matches_the_shipped_config():
+    from seqmoe.tiny import MODEL_DIR
+
+    if not (MODEL_DIR / "config.json").is_file():
+        pytest.skip("seqmoe-tiny is not in this install")
+    cfg = json.loads((MODEL_DIR / "config.json").read_text())
+    tiny = MODEL_PROFILES["seqmoe-tiny"]
+    assert (tiny.num_layers, tiny.num_experts, tiny.top_k) == (cfg["num_hidden_layers"], cfg["num_experts"],
+                                                                cfg["num_experts_per_tok"])
+    assert tiny.expert_bytes == 3 * cfg["hidden_size"] * cfg["intermediate_size"] * 2
 
 
 def test_custom_json_and_toml(tmp_path):

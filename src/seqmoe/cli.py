@@ -19,6 +19,7 @@ import sys
 from seqmoe.bench.plot import plot_results
 from seqmoe.bench.report import format_table, read_jsonl, write_jsonl
 from seqmoe.cli_predict import add_predict_commands
+from seqmoe.cli_runtime import add_runtime_commands
 from seqmoe.cli_trace import add_trace_commands
 from seqmoe.config import SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
@@ -100,7 +101,8 @@ def cmd_profiles(args) -> int:
 def cmd_demo(args) -> int:
     from seqmoe.demo import run_demo
 
-    run_demo(num_tokens=args.tokens, out_dir=args.out, progress=_progress(args))
+    run_demo(num_tokens=args.tokens, out_dir=args.out, forecaster_minutes=args.forecaster_minutes,
+             progress=_progress(args))
     return 0
 
 
@@ -112,10 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    demo = sub.add_parser("demo", help="compare all systems on the embedded synthetic workload",
-                          description="Replay a synthetic DeepSeek-V2-Lite-like workload (shipped statistics, no "
-                          "downloads) with every system at three residencies; print a table and write JSONL and plots.")
-    demo.add_argument("--tokens", type=int, default=1500, help="tokens to replay (default: 1500)")
+    demo = sub.add_parser("demo", help="compare all systems on the embedded seqmoe-tiny workload",
+                          description="Replay the routing of seqmoe-tiny (our own MoE model, shipped) over held-out "
+                          "Python source with every baseline and seqmoe at three residencies, after training the "
+                          "forecaster on its training part once (cached); print a table and write JSONL and plots.")
+    demo.add_argument("--tokens", type=int, default=3000, help="test tokens to replay (default: 3000)")
+    demo.add_argument("--forecaster-minutes", type=float, default=2.5,
+                      help="time cap for training the forecaster the first time (default: 2.5)")
     demo.add_argument("--out", default="results/demo", help="folder for results.jsonl and plots (default: results/demo)")
     demo.set_defaults(func=cmd_demo)
 
@@ -152,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_predict_commands(sub)
     add_trace_commands(sub)
+    add_runtime_commands(sub)
     for action in sub.choices.values():
         action.add_argument("--no-progress", action="store_true", help="never show progress bars")
     return p

@@ -1,8 +1,11 @@
-"""`seqmoe demo`: every system at three residencies on the embedded synthetic workload.
+"""`seqmoe demo`: every system at three residencies on the embedded seqmoe-tiny workload.
 
-The workload is generated from statistics fitted to real DeepSeek-V2-Lite routing (popularity per
-layer, token-to-token reuse, inter-layer transitions; `seqmoe/data/`), never the traces themselves,
-so the demo needs no downloads and no `../shared`.
+The workload is real routing of our own trained MoE model (seqmoe-tiny, shipped in the package)
+over Python standard library source: its train part (files the model trained on) trains the
+forecaster and the baselines' statistics, its test part (held-out files) is replayed
+(`seqmoe.tiny.traces`). The demo trains the seq2seq forecaster once (about two minutes; kept in
+`$SEQMOE_CACHE`), then compares the baselines and `seqmoe` with the `seqmoe-tiny` model profile on
+`h100-pcie5`. No downloads, no `../shared`.
 """
 
 from __future__ import annotations
@@ -15,29 +18,51 @@ from seqmoe.bench.plot import plot_results
 from seqmoe.bench.report import format_table, write_jsonl
 from seqmoe.config import SimConfig
 from seqmoe.errors import UserError
+from seqmoe.predict.cache import cache_dir, trace_fingerprint
 from seqmoe.sim.run import load_workload, run_sweep
 from seqmoe.systems import baselines
-from seqmoe.trace.synthetic import generate_trace, load_default_params
+from seqmoe.tiny.traces import load_demo_traces
+from seqmoe.trace.schema import RoutingTrace
 
 RESIDENCIES = (0.25, 0.45, 0.65)
+FORECASTER = dict(epochs=6, hash_buckets=4096, embed_dim=128, hidden_dim=128, query_dim=128)
+"""The demo's forecaster: smaller than the default and time-capped, so the demo stays a few minutes."""
 
 
-def run_demo(*, num_tokens: int = 1500, out_dir: str | Path = "results/demo", progress: bool = False) -> list[dict]:
-    """Generate the workload, replay all systems, print a table and a JSON line, write JSONL and plots."""
+def demo_predictor(train: RoutingTrace, *, minutes: float = 2.5, progress: bool = False) -> Path:
+    """The demo forecaster's folder, trained on `train` (for at most `minutes`) once and cached."""
+    out = cache_dir() / "predictors" / f"demo-{trace_fingerprint(train)}-{minutes:g}min"
+    if not (out / "model.safetensors").is_file():
+        try:
+            from seqmoe.predict.train import train_seq_predictor
+        except ImportError:
+            raise UserError("the demo trains a forecaster, which needs torch: pip install 'seqmoe[train]'") from None
+        print(f"seqmoe demo: training the forecaster once into {out} (at most {minutes:g} minutes)", file=sys.stderr)
+        train_seq_predictor(train, out, progress=progress, max_minutes=minutes, **FORECASTER)
+    return out
+
+
+def run_demo(*, num_tokens: int = 3000, out_dir: str | Path = "results/demo", forecaster_minutes: float = 2.5,
+             progress: bool = False) -> list[dict]:
+    """Train (once) and replay every system; print a table and a JSON line, write JSONL and plots."""
     if num_tokens < 50:
         raise UserError(f"--tokens must be at least 50, got {num_tokens}")
-    params = load_default_params()
-    train = generate_trace(params, 4 * num_tokens, seed=1)
-    test = generate_trace(params, num_tokens, seed=2)
-    cfg = SimConfig(trace="embedded:synthetic-deepseek-v2-lite", train="embedded:synthetic-deepseek-v2-lite",
-                    model_profile="deepseek-v2-lite", hardware="h100-pcie5")
+    if not forecaster_minutes > 0:
+        raise UserError(f"--forecaster-minutes must be positive, got {forecaster_minutes}")
+    train, test = load_demo_traces()
+    predictor = demo_predictor(train, minutes=forecaster_minutes, progress=progress)
+    cfg = SimConfig(trace="embedded:seqmoe-tiny-test", train="embedded:seqmoe-tiny-train", model_profile="seqmoe-tiny",
+                    hardware="h100-pcie5", predictor=str(predictor), max_tokens=num_tokens)
     workload = load_workload(cfg, train=train, test=test)
-    print(f"seqmoe demo: {num_tokens} synthetic DeepSeek-V2-Lite tokens ({test.num_requests} requests), "
-          f"h100-pcie5 profile, {len(baselines())} systems x residencies {list(RESIDENCIES)}", file=sys.stderr)
+    systems = baselines() + ["seqmoe"]
+    print(f"seqmoe demo: {workload.test.num_tokens} tokens of seqmoe-tiny routing over held-out stdlib files "
+          f"({workload.test.num_requests} requests), h100-pcie5 profile, {len(systems)} systems x residencies "
+          f"{list(RESIDENCIES)}", file=sys.stderr)
     rows = []
-    for row in run_sweep(cfg, baselines(), RESIDENCIES, workload=workload, progress=progress):
+    for row in run_sweep(cfg, systems, RESIDENCIES, workload=workload, progress=progress):
         rows.append(row)
-        print(f"  {row['system']:>26} r={row['residency']:.2f} hit={row['hit_rate']:.3f}", file=sys.stderr)
+        print(f"  {row['system']:>26} r={row['residency']:.2f} hit={row['hit_rate']:.3f} "
+              f"bound={row['bound_fraction']:.3f}", file=sys.stderr)
     out = Path(out_dir)
     write_jsonl(rows, out / "results.jsonl")
     plots = plot_results(rows, out, caption=f"seqmoe demo --tokens {num_tokens}")

@@ -272,6 +272,18 @@ def _model_presets() -> dict[str, ModelProfile]:
         layer_bytes=dsv3_attn + swiglu_bytes(7168, 2048, FP8) + router_bytes(7168, 256) + norms_bytes(7168),
         token_bytes=3 * dsv3_dense + output_bytes(129280, 7168),
         source="config.json of deepseek-ai/DeepSeek-V3 (FP8 weights; 3 dense + 58 MoE layers)"))
+
+    # seqmoe-tiny, our own model (src/seqmoe/models/seqmoe-tiny/config.json, OLMoE architecture):
+    # num_hidden_layers=8, num_experts=32, num_experts_per_tok=4, hidden_size=160,
+    # intermediate_size=80 (per expert), num_attention_heads=5, num_key_value_heads=5 (head_dim 32;
+    # q_norm, k_norm over 160 each), vocab_size=4096, tie_word_embeddings=true; stored 16-bit.
+    presets.append(ModelProfile(
+        name="seqmoe-tiny", num_layers=8, num_experts=32, top_k=4,
+        expert_bytes=swiglu_bytes(160, 80, BF16),
+        layer_bytes=gqa_attention_bytes(160, 5, 5, 32, BF16, extra_params=2 * 160) + router_bytes(160, 32)
+        + norms_bytes(160),
+        token_bytes=output_bytes(4096, 160),
+        source="config.json of seqmoe-tiny (16-bit weights, shipped in seqmoe/models)"))
     return {p.name: p for p in presets}
 
 
