@@ -21,6 +21,14 @@ from seqmoe.profiles import HardwareProfile  # noqa: E402
 from seqmoe.trace.schema import RoutingTrace  # noqa: E402
 from tests.collect.tiny_models import tiny_model  # noqa: E402
 
+def run_cli(argv: list[str]) -> int:
+    """Run a `seqmoe` command in-process; a UserError propagates (main() would print it and return 2)."""
+    from seqmoe.cli import build_parser
+
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
 PROMPT = [1, 17, 42, 5, 88, 23]
 """Greedy-generation prompt (batch 1)."""
 LOGITS_INPUT = [1, 61, 9, 33, 70, 12, 4]

@@ -5,21 +5,14 @@ Run: pytest tests/runtime/test_bench.py -q
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from seqmoe.cli_runtime import add_runtime_commands
 from seqmoe.errors import UserError
 from tests.collect.tiny_models import save_tiny_checkpoint
+from tests.runtime.conftest import run_cli
 
-
-def _run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="seqmoe")
-    add_runtime_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +24,7 @@ def checkpoint(tmp_path_factory):
 
 def test_bench_prints_a_table_and_a_json_line(checkpoint, tmp_path, capsys):
     out = tmp_path / "bench.jsonl"
-    assert _run(["bench-runtime", "--model", str(checkpoint), "--new-tokens", "4", "--repeats", "1",
+    assert run_cli(["bench-runtime", "--model", str(checkpoint), "--new-tokens", "4", "--repeats", "1",
                  "--residencies", "0.5,1.0", "--predictor-minutes", "0.02", "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     res = json.loads(lines[-1])
@@ -51,6 +44,6 @@ def test_bench_prints_a_table_and_a_json_line(checkpoint, tmp_path, capsys):
 
 def test_bench_rejects_bad_systems_and_residencies(checkpoint):
     with pytest.raises(UserError, match="cannot bench belady"):
-        _run(["bench-runtime", "--model", str(checkpoint), "--systems", "belady"])
+        run_cli(["bench-runtime", "--model", str(checkpoint), "--systems", "belady"])
     with pytest.raises(UserError, match="comma-separated numbers"):
-        _run(["bench-runtime", "--model", str(checkpoint), "--residencies", "half"])
+        run_cli(["bench-runtime", "--model", str(checkpoint), "--residencies", "half"])

@@ -5,22 +5,15 @@ Run: pytest tests/runtime/test_cli_runtime.py -q
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 import torch
 
-from seqmoe.cli_runtime import add_runtime_commands
 from seqmoe.errors import UserError
 from tests.collect.tiny_models import save_tiny_checkpoint, tiny_tokenizer
+from tests.runtime.conftest import run_cli
 
-
-def _run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="seqmoe")
-    add_runtime_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +29,7 @@ def test_generate_prints_the_full_models_text_and_stats(checkpoint, capsys):
     ids = tiny_tokenizer()(prompt, return_tensors="pt")["input_ids"]
     want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
     want_text = prompt + tiny_tokenizer().decode(want[0, ids.shape[1]:], skip_special_tokens=True)
-    assert _run(["generate", "--model", str(path), "--prompt", prompt, "--residency", "0.25", "--max-new-tokens", "6",
+    assert run_cli(["generate", "--model", str(path), "--prompt", prompt, "--residency", "0.25", "--max-new-tokens", "6",
                  "--device", "cpu", "--json"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == want_text
@@ -48,4 +41,4 @@ def test_generate_prints_the_full_models_text_and_stats(checkpoint, capsys):
 
 def test_generate_rejects_an_oracle_system(checkpoint):
     with pytest.raises(UserError, match="cannot run live"):
-        _run(["generate", "--model", str(checkpoint[0]), "--prompt", "x", "--system", "belady", "--device", "cpu"])
+        run_cli(["generate", "--model", str(checkpoint[0]), "--prompt", "x", "--system", "belady", "--device", "cpu"])
