@@ -137,6 +137,7 @@ class ForecastPolicy:
         self.reuse, self.floor = reuse, floor
         r = np.exp(-num_layers / self.tau)  # discount of one token
         self._geometric = q / (1.0 - (1.0 - q) * r)  # E[r^G], G ~ Geometric(q) tokens to the next use
+        self._layer_of = np.repeat(np.arange(num_layers), num_experts)  # [L * E] layer of each uid
         self.reset(())
 
     @classmethod
@@ -163,10 +164,21 @@ class ForecastPolicy:
         self._tick = len(start)
         self._steps: np.ndarray | None = None  # [H] rows of the latest forecast
         self._entries = _no_entries()  # its sparse entries (uid, step, p), by uid then step
+        self._entry_terms = _entry_terms(self._entries[2])  # their (certain, log(1 - p)), elementwise
         self._step = -1  # latest position known to be revealed
         self._version = 0  # bumped by every new forecast
+        self._mut = 0  # bumped by every change of the resident set or of the recency state
         self._cache_key: tuple[int, int] | None = None
         self._values, self._unused = np.zeros(n), np.ones(n)
+        self._ahead_cache: _Ahead | None = None  # entries after the current position, per (position, forecast)
+        self._classes: np.ndarray | None = None  # the reuse prior's class of each uid (None: recompute)
+        self._memo_key: tuple[int, int, int] | None = None
+        self._memo: dict = {}  # victim_at answers for one (position, forecast, state)
+        self._touches = 0  # bumped by every insert or use (the prior beyond the horizon changes)
+        self._prior_key: tuple[int, int] | None = None
+        self._prior_cache = self._geometric
+        self._disc = np.zeros(0)  # exp(-d / tau) for d = 0, 1, ... (the discount of d positions)
+        self._layer_disc: dict = {}  # (end, cur) -> first position of each layer after end, its discount
 
     def insert(self, uid: int, step: int) -> None:
         self._resident[uid] = True
@@ -176,6 +188,7 @@ class ForecastPolicy:
         last = self._last_use[uid]
         self._prev_gap[uid] = (step - last) // self._L if last >= 0 else 0
         self._last_use[uid] = step
+        self._classes = None
         self._touch(uid, step)
 
     def victim(self, incoming: int, pinned: Container[int]) -> int | None:
@@ -185,6 +198,7 @@ class ForecastPolicy:
 
     def remove(self, uid: int) -> None:
         self._resident[uid] = False
+        self._mut += 1
 
     # -- forecast side ----------------------------------------------------------------------------
     def update(self, forecast: Forecast | None, step: int) -> None:
@@ -192,15 +206,29 @@ class ForecastPolicy:
         if forecast is not None:
             self._steps = np.asarray(forecast.steps, dtype=np.int64)
             self._entries = _sparse_entries(self._steps, forecast.probs, self._L, self._E, self.floor)
+            self._entry_terms = _entry_terms(self._entries[2])
             self._version += 1
         self._step = max(self._step, step)
+
+    def state_key(self) -> tuple[int, int, int]:
+        """Changes whenever an answer of this policy may change (position, forecast, resident set, recency).
+
+        Two calls that return equal keys bracket no `update`, `reset`, `insert`, `access` or `remove`
+        that matters: results computed under one key (`first_uses`, `keep_value`, `cheapest`,
+        `victim_at`, ...) hold for the other.
+        """
+        return self._step, self._version, self._mut
 
     def keep_value(self, uids) -> np.ndarray:
         """[N] float64, the keep value of each uid (resident or not) at the current position."""
         return self.values()[uids]
 
     def values(self) -> np.ndarray:
-        """[L * E] float64 keep values (a cached array: do not modify)."""
+        """[L * E] float64 keep values (a cached array: do not modify).
+
+        Computed on the first call after the position or the forecast changes, and kept until the
+        next such change (recency updates in between do not recompute it).
+        """
         key = (self._step, self._version)
         if key != self._cache_key:
             self._values, self._unused = self._compute(self._step)
@@ -221,6 +249,9 @@ class ForecastPolicy:
         the caller should wait. Residents unlikely to be used before `step` keep their order (their
         values all scale by the same discount), so only the likely ones are re-valued.
 
+        Answers are memoised until the position, the forecast, the resident set or the recency state
+        changes (`state_key`).
+
         Args:
             step: a position after the current one.
             max_harm: largest acceptable probability that the victim is used before `step`.
@@ -229,23 +260,49 @@ class ForecastPolicy:
             (victim, wait): the resident to evict (None when nothing is resident) and whether the
             copy should wait for a later decision instead. The victim may be pinned right now.
         """
-        uid, s, p = self._entries
-        m = (s > self._step) & (s < step)
-        unused = _survival(uid[m], p[m], self._L * self._E)
-        busy = self._resident & (unused < 1.0 - max_harm)  # likely used before `step`
-        free = self.values().copy()
-        free[busy] = np.inf
+        key = self.state_key()
+        if key != self._memo_key:
+            self._memo_key, self._memo = key, {}
+        hit = self._memo.get((step, max_harm))
+        if hit is None:
+            hit = self._memo[(step, max_harm)] = self._victim_at(step, max_harm)
+        return hit
+
+    def _victim_at(self, step: int, max_harm: float) -> tuple[int | None, bool]:
+        n = self._L * self._E
+        values = self.values()
+        ahead = self._ahead()
+        likely = ahead.likely_before(step, max_harm)
+        if likely is None:  # the threshold shortcut does not apply: sum the survival directly
+            uid, s, p = self._entries
+            m = (s > self._step) & (s < step)
+            likely = _survival(uid[m], p[m], n) < 1.0 - max_harm
+        busy = self._resident & likely  # likely used before `step`
+        free = np.where(busy, np.inf, values)
         victim = self.cheapest_resident(free)
-        if not busy.any():
+        if victim is None:  # nothing resident, or every resident is likely needed before `step`
+            return None, bool(busy.any())
+        idx = np.flatnonzero(busy)
+        if not len(idx):
             return victim, False
-        if victim is None:  # every resident is likely needed before `step`
-            return None, True
         # Values at `step` (uses at `step` count: those experts are pinned then) of the busy ones.
-        sel = busy[uid] & (s >= step)
-        value, stay = _first_use(uid[sel], s[sel], p[sel], step - 1, self.tau, self._L * self._E)
-        later = value + stay * self._tail(step - 1)
+        sel = np.flatnonzero(busy[ahead.uid] & (ahead.s >= step))
+        used = ahead.uid[sel]
+        later = self._tail(step - 1, idx)  # a busy uid without entries from `step` on: value 0, stay 1
+        if len(used) and not np.any(used[1:] == used[:-1]):
+            # At most one entry per uid: its first-use probability is p itself and its no-use
+            # probability exp(log(1 - p)) (0 if certain), the very numbers `_first_use` computes
+            # for a group of one entry, so no running sum over the other uids is needed.
+            at = np.searchsorted(idx, used)
+            stay = np.where(ahead.certain[sel], 0.0, np.exp(ahead.log_stay[sel]))
+            later[at] = ahead.p[sel] * self._discount(ahead.s[sel] - (step - 1)) + stay * later[at]
+        elif len(used):
+            certain, log_stay = ahead.certain[sel], ahead.log_stay[sel]
+            value, stay = _first_use(used, ahead.s[sel], ahead.p[sel], step - 1, self.tau, n,
+                                     certain=certain, log_stay=log_stay, only=idx)
+            later = value + stay * later
         shift = np.exp((step - 1 - self._step) / self.tau)  # the free ones' values, seen from step - 1
-        return victim, bool(later[busy].min() < free[victim] * shift)
+        return victim, bool(later.min() < free[victim] * shift)
 
     def first_uses(self, min_prob: float) -> tuple[np.ndarray, np.ndarray]:
         """Each uid's first coming position forecast with probability >= `min_prob`.
@@ -253,11 +310,8 @@ class ForecastPolicy:
         Returns:
             uids [N] int64 (increasing) and steps [N] int64.
         """
-        uid, s, p = self._entries
-        m = (s > self._step) & (p >= min_prob)
-        uid, s = uid[m], s[m]
-        head = np.r_[True, uid[1:] != uid[:-1]] if len(uid) else np.zeros(0, dtype=bool)
-        return uid[head], s[head]
+        uid, s = self._ahead().first_uses(min_prob)
+        return uid.copy(), s.copy()
 
     def cheapest_resident(self, values: np.ndarray) -> int | None:
         """The resident uid (pinned or not) with the lowest `values` [L * E], ties by least recent use."""
@@ -280,31 +334,176 @@ class ForecastPolicy:
 
     def _touch(self, uid: int, step: int) -> None:
         self._tick += 1
+        self._mut += 1
+        self._touches += 1
         self._last[uid] = self._tick
         self._last_step[uid] = step
         if step > self._step:
             self._step = step
 
+    def _ahead(self) -> _Ahead:
+        """The forecast entries after the current position, with what is derived from them."""
+        a = self._ahead_cache
+        if a is None or a.key != (self._step, self._version):
+            uid, s, p = self._entries
+            certain, log_stay = self._entry_terms
+            m = s > self._step
+            a = self._ahead_cache = _Ahead((self._step, self._version), uid[m], s[m], p[m], certain[m],
+                                           log_stay[m], self._L * self._E)
+        return a
+
     def _compute(self, cur: int) -> tuple[np.ndarray, np.ndarray]:
         """With positions <= `cur` revealed: keep values [L * E] and P(no forecast use) [L * E]."""
-        uid, s, p = self._entries
-        m = s > cur
-        value, survive = _first_use(uid[m], s[m], p[m], cur, self.tau, self._L * self._E)
+        if cur == self._step:
+            a = self._ahead()
+            uid, s, p, certain, log_stay = a.uid, a.s, a.p, a.certain, a.log_stay
+        else:
+            uid, s, p = self._entries
+            m = s > cur
+            uid, s, p = uid[m], s[m], p[m]
+            certain, log_stay = self._entry_terms[0][m], self._entry_terms[1][m]
+        value, survive = _first_use(uid, s, p, cur, self.tau, self._L * self._E, certain=certain, log_stay=log_stay)
         return value + survive * self._tail(cur), survive
 
-    def _tail(self, cur: int) -> np.ndarray:
-        """[L * E] value of a use beyond the forecast, seen from `cur`: discount times the prior."""
-        L, E = self._L, self._E
+    def _tail(self, cur: int, idx: np.ndarray | None = None) -> np.ndarray:
+        """Value of a use beyond the forecast, seen from `cur`: discount times the prior.
+
+        [L * E], or [N] for the uids `idx` only (the same numbers, elementwise).
+        """
+        L = self._L
         end = cur
         if self._steps is not None and len(self._steps) and self._steps[-1] > cur:
             end = int(self._steps[-1])
         # The first position of each layer after `end`, then the prior's expected wait.
-        nxt = np.repeat(end + 1 + (np.arange(L) - (end + 1)) % L, E)  # [L * E]
-        if self.reuse is not None:
-            prior = self.reuse.lookup((nxt - self._last_step) // L, self._prev_gap)
+        hit = self._layer_disc.get((end, cur))
+        if hit is None:
+            if len(self._layer_disc) >= 256:
+                self._layer_disc.clear()
+            nxt = end + 1 + (np.arange(L) - (end + 1)) % L  # [L]
+            hit = self._layer_disc[(end, cur)] = (nxt, self._discount(nxt - cur))  # [L], [L]
+        nxt, disc = hit
+        prior = self._prior(end, nxt)
+        if idx is None:
+            return disc[self._layer_of] * prior
+        return disc[self._layer_of[idx]] * prior[idx]
+
+    def _prior(self, end: int, nxt: np.ndarray) -> np.ndarray:
+        """[L * E] prior of the next use after `end` (`nxt`: [L] first position of each layer after it).
+
+        Kept until `end` moves or a uid is inserted or used.
+        """
+        if self.reuse is None:
+            return self._geometric
+        key = (end, self._touches)
+        if key != self._prior_key:
+            L = self._L
+            if type(self.reuse) is ReuseTable:
+                age = (nxt[self._layer_of] - self._last_step) // L
+                prior = self.reuse.values[self._reuse_classes(), _log2_bucket(age, self.reuse.values.shape[1])]
+            else:  # another prior: ask it
+                prior = self.reuse.lookup((np.repeat(nxt, self._E) - self._last_step) // L, self._prev_gap)
+            self._prior_key, self._prior_cache = key, prior
+        return self._prior_cache
+
+    def _discount(self, d: np.ndarray) -> np.ndarray:
+        """exp(-d / tau) for integer distances d >= 0 (looked up: the numbers np.exp gives for them)."""
+        top = int(d.max()) if len(d) else 0
+        if top >= len(self._disc):
+            self._disc = np.exp(-np.arange(max(2 * top + 1, 64)) / self.tau)
+        return self._disc[d]
+
+    def _reuse_classes(self) -> np.ndarray:
+        """[L * E] row of `reuse.values` for each uid (`ReuseTable.lookup`'s), kept until a use."""
+        if self._classes is None:
+            reuse = self.reuse
+            cls = reuse.uid_class * reuse.num_gap_classes
+            if reuse.num_gap_classes > 1:
+                cls = cls + _gap_class(self._prev_gap, reuse.num_gap_classes)
+            self._classes = cls
+        return self._classes
+
+
+class _Ahead:
+    """Forecast entries after one position (by uid then step) and answers derived from them alone."""
+
+    def __init__(self, key, uid, s, p, certain, log_stay, n: int) -> None:
+        self.key, self.uid, self.s, self.p, self.certain, self.log_stay, self.n = key, uid, s, p, certain, log_stay, n
+        m = len(uid)
+        head = np.empty(m, dtype=bool)
+        if m:
+            head[0] = True
+            np.not_equal(uid[1:], uid[:-1], out=head[1:])
+        self.head = head  # first entry of each uid
+        self.start = np.maximum.accumulate(np.where(head, np.arange(m), 0))  # group start per entry
+        self.pairs = m < 2 or not np.any(~head[1:] & ~head[:-1])  # at most two entries per uid
+        self._likely: dict = {}
+        self._first: dict = {}
+
+    def first_uses(self, min_prob: float) -> tuple[np.ndarray, np.ndarray]:
+        hit = self._first.get(min_prob)
+        if hit is None:
+            m = self.p >= min_prob
+            uid, s = self.uid[m], self.s[m]
+            head = np.empty(len(uid), dtype=bool)
+            if len(uid):
+                head[0] = True
+                np.not_equal(uid[1:], uid[:-1], out=head[1:])
+            hit = self._first[min_prob] = (uid[head], s[head])
+        return hit
+
+    def likely_before(self, step: int, max_harm: float) -> np.ndarray | None:
+        """[n] bool: P(some entry before `step` is a use) > max_harm, exactly as `_survival` of those
+        entries compares with 1 - max_harm; None where the shortcut does not hold (then sum directly).
+
+        Per uid, the survival of its first k entries is the running sum of their log(1 - p) in entry
+        order (what bincount adds up), so it is computed once per entry; a uid is likely before `step`
+        once some entry before `step` makes it so (checked to be monotone).
+        """
+        first = self._likely.get(max_harm, False)
+        if first is False:
+            first = self._likely[max_harm] = self._first_likely(max_harm)
+        if first is None:
+            return None
+        return first < step
+
+    def _first_likely(self, max_harm: float) -> np.ndarray | None:
+        """[n] int64, per uid the first entry step at which it is likely (a huge number if never)."""
+        bound = 1.0 - max_harm
+        if 1.0 < bound:  # likely with no entry at all: no threshold to find
+            return None
+        uid, log_stay, certain, head, start = self.uid, self.log_stay, self.certain, self.head, self.start
+        m = len(uid)
+        total = log_stay.copy()  # running sum per uid, added in entry order from 0.0
+        if self.pairs:  # the second entry of a uid adds to the first
+            at = np.flatnonzero(~head)
+            total[at] = total[at - 1] + log_stay[at]
         else:
-            prior = self._geometric
-        return np.exp(-(nxt - cur) / self.tau) * prior
+            rank = np.arange(m) - start
+            for r in range(1, int(rank.max()) + 1 if m else 0):
+                at = np.flatnonzero(rank == r)
+                total[at] = total[at - 1] + log_stay[at]
+        unused = np.exp(total)
+        if certain.any():
+            cc = np.cumsum(certain)
+            used = cc - (cc[start] - certain[start]) > 0  # a certain use at or before this entry
+            unused[used] = 0.0
+        like = unused < bound
+        if m < 2:
+            at = like
+        else:
+            if np.any(like[:-1] & ~like[1:] & ~head[1:]):  # not monotone within a uid
+                return None
+            at = like.copy()  # the first likely entry of each uid
+            at[1:] &= head[1:] | ~like[:-1]
+        first = np.full(self.n, np.iinfo(np.int64).max, dtype=np.int64)
+        first[uid[at]] = self.s[at]
+        return first
+
+
+def _entry_terms(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per forecast entry: whether it is certain (p >= 1) and log(1 - p) (0 where certain)."""
+    certain = p >= 1.0  # log(1 - p) would be -inf: counted apart, exactly
+    return certain, np.log1p(-np.where(certain, 0.0, p))
 
 
 def _no_entries() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -322,13 +521,12 @@ def _sparse_entries(steps: np.ndarray, probs: np.ndarray, L: int, E: int, floor:
 
 def _survival(uid, p, n):
     """[n] probability that no entry (uid [m], p [m]) is a use, per uid (independence assumed)."""
-    certain = p >= 1.0
-    log_stay = np.log1p(-np.where(certain, 0.0, p))
+    certain, log_stay = _entry_terms(p)
     used = np.bincount(uid, weights=certain, minlength=n) > 0
     return np.where(used, 0.0, np.exp(np.bincount(uid, weights=log_stay, minlength=n)))
 
 
-def _first_use(uid, step, p, cur, tau, n):
+def _first_use(uid, step, p, cur, tau, n, *, certain=None, log_stay=None, only=None):
     """Discounted first-use value and no-use probability per uid from sparse entries.
 
     Args:
@@ -336,25 +534,40 @@ def _first_use(uid, step, p, cur, tau, n):
         cur: the position distances count from.
         tau: discount scale in positions.
         n: L * E.
+        certain, log_stay: [m] `_entry_terms(p)` when already at hand (the same numbers).
+        only: [N] uids to return (default: all n); their numbers do not depend on it.
 
     Returns:
         value [n]: sum over entries of P(first use there) * exp(-(step - cur) / tau);
         survive [n]: P(no use at any entry).
     """
-    certain = p >= 1.0  # log(1 - p) would be -inf: counted apart, exactly
-    log_stay = np.log1p(-np.where(certain, 0.0, p))
-    if len(uid):
-        head = np.r_[True, uid[1:] != uid[:-1]]
-        first = np.maximum.accumulate(np.where(head, np.arange(len(uid)), 0))  # group start per entry
-        cs, cc = np.cumsum(log_stay), np.cumsum(certain)
+    if certain is None:
+        certain, log_stay = _entry_terms(p)
+    m = len(uid)
+    any_certain = bool(certain.any())
+    if m:
+        head = np.empty(m, dtype=bool)
+        head[0] = True
+        np.not_equal(uid[1:], uid[:-1], out=head[1:])
+        first = np.maximum.accumulate(np.where(head, np.arange(m), 0))  # group start per entry
+        cs = np.cumsum(log_stay)
         before = cs - log_stay - (cs[first] - log_stay[first])  # log P(unused at earlier entries)
-        dead = (cc - certain) - (cc[first] - certain[first]) > 0  # a certain use came earlier
-        f = np.where(dead, 0.0, p * np.exp(before))
+        f = p * np.exp(before)
+        if any_certain:
+            cc = np.cumsum(certain)
+            dead = (cc - certain) - (cc[first] - certain[first]) > 0  # a certain use came earlier
+            f = np.where(dead, 0.0, f)
     else:
         f = p
     value = np.bincount(uid, weights=f * np.exp(-(step - cur) / tau), minlength=n)
-    used = np.bincount(uid, weights=certain, minlength=n) > 0
-    survive = np.where(used, 0.0, np.exp(np.bincount(uid, weights=log_stay, minlength=n)))
+    log_survive = np.bincount(uid, weights=log_stay, minlength=n)
+    if only is not None:
+        value, log_survive = value[only], log_survive[only]
+    survive = np.exp(log_survive)
+    if any_certain:
+        used = np.zeros(n, dtype=bool)
+        used[uid[certain]] = True
+        survive = np.where(used if only is None else used[only], 0.0, survive)
     return value, survive
 
 

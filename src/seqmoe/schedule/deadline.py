@@ -41,7 +41,7 @@ def slots_by_deadline(deadlines: np.ndarray, length: float, start: float, limit:
     d = np.asarray(deadlines, dtype=np.float64)
     with np.errstate(invalid="ignore"):
         n = np.floor((d - start) / length)
-    n = np.clip(np.nan_to_num(n, nan=0.0, posinf=limit, neginf=0.0), 0, limit)
+    n = np.minimum(np.fmax(n, 0.0), float(limit))  # nan -> 0, -inf -> 0, +inf -> limit
     n -= (n > 0) & (start + n * length > d)  # floor can be one off at exact multiples
     n += (n < limit) & (start + (n + 1) * length <= d)
     return n.astype(np.int64)
@@ -167,6 +167,8 @@ class DeadlinePrefetcher:
         self.min_prob, self.margin, self.max_harm = min_prob, margin, max_harm
         self.max_jobs, self.max_tries, self.lead_copies = max_jobs, max_tries, lead_copies
         self._queued: dict[int, int] = {}  # uid -> position, prefetches issued and maybe still queued
+        self._jobs_key: tuple | None = None  # (policy state, presence) the cached candidates hold for
+        self._jobs_cache = None
 
     def plan(self, forecast: Forecast | None, view: PoolView) -> None:
         self.policy.update(forecast, view.step)  # None (after a layer's compute): keep the last one
@@ -230,7 +232,17 @@ class DeadlinePrefetcher:
                 del self._queued[uid]
 
     def _jobs(self, view: PoolView):
-        """Candidate copies: uids [N], deadline steps [N], keep values [N], profits [N]; or None."""
+        """Candidate copies: uids [N], deadline steps [N], keep values [N], profits [N]; or None.
+
+        They depend on the policy's state and the presence of each uid only: kept while neither changes.
+        """
+        key = (self.policy.state_key(), view.present_mask().tobytes(), self.min_prob, self.margin, self.max_jobs)
+        if key != self._jobs_key:
+            self._jobs_cache = self._find_jobs(view)
+            self._jobs_key = key
+        return self._jobs_cache
+
+    def _find_jobs(self, view: PoolView):
         uids, steps = self.policy.first_uses(self.min_prob)
         absent = view.present_mask()[uids] == 0
         uids, steps = uids[absent], steps[absent]
