@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from seqmoe.cache import BeladyPolicy, FutureUses, belady_schedule
 from seqmoe.cache.belady import NEVER
-from seqmoe.cache.forecast import ForecastPolicy, fit_reuse_table
+from seqmoe.cache.forecast import ForecastPolicy
+from seqmoe.cache.reuse import fit_reuse_table
 from seqmoe.predict.base import Forecast
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.sim.placement import start_placement, uid_counts

@@ -28,89 +28,13 @@ the L * E uids.
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
+from seqmoe.cache.forecast_entries import EntriesAhead, entry_terms, first_use, no_entries, sparse_entries, survival
+from seqmoe.cache.reuse import ReuseTable, fitted_reuse_table, gap_class, log2_bucket
 from seqmoe.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
-
-
-@dataclass(frozen=True)
-class ReuseTable:
-    """Learned prior beyond the horizon: E[rho^wait | unused for `age` tokens] per frequency class.
-
-    Attributes:
-        values: [Q, B] float64; entry (c, b) averages rho^(G - a) over reuse gaps G >= a of the
-            uids of class c, for ages a (tokens since the last use) in [2^b, 2^(b+1)); rho =
-            exp(-L / tau) is one token's discount. Gaps still open at the end of the trace count 0.
-        uid_class: [L * E] int64, the frequency class (quantile of training use rate) of each uid.
-    """
-
-    values: np.ndarray
-    uid_class: np.ndarray
-    num_gap_classes: int = 1
-
-    def lookup(self, age_tokens: np.ndarray, prev_gap_tokens: np.ndarray | None = None) -> np.ndarray:
-        """[L * E] prior values for [L * E] ages (>= 1 token) and gaps before the last use (0: none)."""
-        b = _log2_bucket(age_tokens, self.values.shape[1])
-        cls = self.uid_class * self.num_gap_classes
-        if prev_gap_tokens is not None and self.num_gap_classes > 1:
-            cls = cls + _gap_class(prev_gap_tokens, self.num_gap_classes)
-        return self.values[cls, b]
-
-
-def _log2_bucket(x: np.ndarray, n: int) -> np.ndarray:
-    return np.minimum(np.log2(np.maximum(x, 1)).astype(np.int64), n - 1)
-
-
-def _gap_class(prev_gap: np.ndarray, n: int) -> np.ndarray:
-    """0 for no earlier use, else 1 + log2 bucket of the gap (capped at n - 1)."""
-    return np.where(prev_gap > 0, np.minimum(1 + _log2_bucket(prev_gap, n), n - 1), 0)
-
-
-def fit_reuse_table(train: RoutingTrace, tau: float, *, num_buckets: int = 16, num_classes: int = 4,
-                    num_gap_classes: int = 1, max_tokens: int = 60_000) -> ReuseTable:
-    """Fit a `ReuseTable` on (the first `max_tokens` tokens of) the training split."""
-    train = train.head(max_tokens)
-    T, L, _ = train.expert_ids.shape
-    E = train.num_experts
-    rho = np.exp(-L / tau)
-    rate = np.bincount(train.uids().reshape(-1), minlength=L * E) / T
-    uid_class = np.searchsorted(np.quantile(rate, np.linspace(0, 1, num_classes + 1)[1:-1]), rate, side="right")
-    lo = 2 ** np.arange(num_buckets)
-    hi = np.r_[lo[1:] - 1, np.iinfo(np.int64).max // 4]
-    Q = num_classes * num_gap_classes
-    sums, counts = np.zeros((Q, num_buckets)), np.zeros((Q, num_buckets))
-    keys = np.sort((train.uids().astype(np.int64) * (T + 1) + np.arange(T)[:, None, None]).reshape(-1))
-    uid, tok = keys // (T + 1), keys % (T + 1)
-    open_end = np.r_[uid[1:] != uid[:-1], True]  # a uid's last use: its gap runs to the end unseen
-    gap = np.where(open_end, T - tok, np.r_[np.diff(tok), 0])
-    first = np.r_[True, open_end[:-1]]
-    prev_gap = np.where(first, 0, np.r_[0, np.diff(tok)])
-    cls = uid_class[uid] * num_gap_classes + _gap_class(prev_gap, num_gap_classes)
-    for b in range(num_buckets):
-        top = np.minimum(hi[b], gap)  # ages lo[b]..top of this gap fall in bucket b
-        n = np.maximum(0, top - lo[b] + 1)
-        # sum_{a = lo}^{top} rho^(gap - a), a geometric series; open gaps are worth 0.
-        s = np.where(open_end | (n == 0), 0.0, rho ** (gap - top) * (1 - rho ** n) / (1 - rho))
-        sums[:, b] = np.bincount(cls, weights=s, minlength=Q)
-        counts[:, b] = np.bincount(cls, weights=n, minlength=Q)
-    return ReuseTable(sums / np.maximum(counts, 1), uid_class.astype(np.int64), num_gap_classes)
-
-
-_FITTED: dict[tuple[int, float, int], tuple[RoutingTrace, ReuseTable]] = {}
-
-
-def _fitted_reuse_table(train: RoutingTrace, tau: float, num_gap_classes: int) -> ReuseTable:
-    """`fit_reuse_table`, fitted once per training trace object (sweeps build many policies)."""
-    key = (id(train), tau, num_gap_classes)
-    hit = _FITTED.get(key)
-    if hit is None or hit[0] is not train:  # the trace is kept alive with its table: ids stay unique
-        if len(_FITTED) >= 4:
-            _FITTED.clear()
-        hit = _FITTED[key] = (train, fit_reuse_table(train, tau, num_gap_classes=num_gap_classes))
-    return hit[1]
 
 
 class ForecastPolicy:
@@ -147,7 +71,7 @@ class ForecastPolicy:
         L, E = train.num_layers, train.num_experts
         tau = float(tau) if tau is not None else 2.0 * L
         counts = np.bincount(train.uids().reshape(-1), minlength=L * E)
-        reuse = _fitted_reuse_table(train, tau, num_gap_classes) if learned_reuse else None
+        reuse = fitted_reuse_table(train, tau, num_gap_classes) if learned_reuse else None
         return cls(counts / train.num_tokens, num_layers=L, num_experts=E, tau=tau, reuse=reuse)
 
     # -- EvictionPolicy ---------------------------------------------------------------------------
@@ -163,14 +87,14 @@ class ForecastPolicy:
         self._last[start[::-1]] = np.arange(len(start))  # most valuable first = most recent
         self._tick = len(start)
         self._steps: np.ndarray | None = None  # [H] rows of the latest forecast
-        self._entries = _no_entries()  # its sparse entries (uid, step, p), by uid then step
-        self._entry_terms = _entry_terms(self._entries[2])  # their (certain, log(1 - p)), elementwise
+        self._entries = no_entries()  # its sparse entries (uid, step, p), by uid then step
+        self._entry_terms = entry_terms(self._entries[2])  # their (certain, log(1 - p)), elementwise
         self._step = -1  # latest position known to be revealed
         self._version = 0  # bumped by every new forecast
         self._mut = 0  # bumped by every change of the resident set or of the recency state
         self._cache_key: tuple[int, int] | None = None
         self._values, self._unused = np.zeros(n), np.ones(n)
-        self._ahead_cache: _Ahead | None = None  # entries after the current position, per (position, forecast)
+        self._ahead_cache: EntriesAhead | None = None  # entries after the current position, per (position, forecast)
         self._classes: np.ndarray | None = None  # the reuse prior's class of each uid (None: recompute)
         self._memo_key: tuple[int, int, int] | None = None
         self._memo: dict = {}  # victim_at answers for one (position, forecast, state)
@@ -205,8 +129,8 @@ class ForecastPolicy:
         """A new forecast made at position `step` (its routing known); None keeps the last one."""
         if forecast is not None:
             self._steps = np.asarray(forecast.steps, dtype=np.int64)
-            self._entries = _sparse_entries(self._steps, forecast.probs, self._L, self._E, self.floor)
-            self._entry_terms = _entry_terms(self._entries[2])
+            self._entries = sparse_entries(self._steps, forecast.probs, self._L, self._E, self.floor)
+            self._entry_terms = entry_terms(self._entries[2])
             self._version += 1
         self._step = max(self._step, step)
 
@@ -276,7 +200,7 @@ class ForecastPolicy:
         if likely is None:  # the threshold shortcut does not apply: sum the survival directly
             uid, s, p = self._entries
             m = (s > self._step) & (s < step)
-            likely = _survival(uid[m], p[m], n) < 1.0 - max_harm
+            likely = survival(uid[m], p[m], n) < 1.0 - max_harm
         busy = self._resident & likely  # likely used before `step`
         free = np.where(busy, np.inf, values)
         victim = self.cheapest_resident(free)
@@ -291,14 +215,14 @@ class ForecastPolicy:
         later = self._tail(step - 1, idx)  # a busy uid without entries from `step` on: value 0, stay 1
         if len(used) and not np.any(used[1:] == used[:-1]):
             # At most one entry per uid: its first-use probability is p itself and its no-use
-            # probability exp(log(1 - p)) (0 if certain), the very numbers `_first_use` computes
+            # probability exp(log(1 - p)) (0 if certain), the very numbers `first_use` computes
             # for a group of one entry, so no running sum over the other uids is needed.
             at = np.searchsorted(idx, used)
             stay = np.where(ahead.certain[sel], 0.0, np.exp(ahead.log_stay[sel]))
             later[at] = ahead.p[sel] * self._discount(ahead.s[sel] - (step - 1)) + stay * later[at]
         elif len(used):
             certain, log_stay = ahead.certain[sel], ahead.log_stay[sel]
-            value, stay = _first_use(used, ahead.s[sel], ahead.p[sel], step - 1, self.tau, n,
+            value, stay = first_use(used, ahead.s[sel], ahead.p[sel], step - 1, self.tau, n,
                                      certain=certain, log_stay=log_stay, only=idx)
             later = value + stay * later
         shift = np.exp((step - 1 - self._step) / self.tau)  # the free ones' values, seen from step - 1
@@ -341,14 +265,14 @@ class ForecastPolicy:
         if step > self._step:
             self._step = step
 
-    def _ahead(self) -> _Ahead:
+    def _ahead(self) -> EntriesAhead:
         """The forecast entries after the current position, with what is derived from them."""
         a = self._ahead_cache
         if a is None or a.key != (self._step, self._version):
             uid, s, p = self._entries
             certain, log_stay = self._entry_terms
             m = s > self._step
-            a = self._ahead_cache = _Ahead((self._step, self._version), uid[m], s[m], p[m], certain[m],
+            a = self._ahead_cache = EntriesAhead((self._step, self._version), uid[m], s[m], p[m], certain[m],
                                            log_stay[m], self._L * self._E)
         return a
 
@@ -362,7 +286,7 @@ class ForecastPolicy:
             m = s > cur
             uid, s, p = uid[m], s[m], p[m]
             certain, log_stay = self._entry_terms[0][m], self._entry_terms[1][m]
-        value, survive = _first_use(uid, s, p, cur, self.tau, self._L * self._E, certain=certain, log_stay=log_stay)
+        value, survive = first_use(uid, s, p, cur, self.tau, self._L * self._E, certain=certain, log_stay=log_stay)
         return value + survive * self._tail(cur), survive
 
     def _tail(self, cur: int, idx: np.ndarray | None = None) -> np.ndarray:
@@ -399,7 +323,7 @@ class ForecastPolicy:
             L = self._L
             if type(self.reuse) is ReuseTable:
                 age = (nxt[self._layer_of] - self._last_step) // L
-                prior = self.reuse.values[self._reuse_classes(), _log2_bucket(age, self.reuse.values.shape[1])]
+                prior = self.reuse.values[self._reuse_classes(), log2_bucket(age, self.reuse.values.shape[1])]
             else:  # another prior: ask it
                 prior = self.reuse.lookup((np.repeat(nxt, self._E) - self._last_step) // L, self._prev_gap)
             self._prior_key, self._prior_cache = key, prior
@@ -418,157 +342,9 @@ class ForecastPolicy:
             reuse = self.reuse
             cls = reuse.uid_class * reuse.num_gap_classes
             if reuse.num_gap_classes > 1:
-                cls = cls + _gap_class(self._prev_gap, reuse.num_gap_classes)
+                cls = cls + gap_class(self._prev_gap, reuse.num_gap_classes)
             self._classes = cls
         return self._classes
-
-
-class _Ahead:
-    """Forecast entries after one position (by uid then step) and answers derived from them alone."""
-
-    def __init__(self, key, uid, s, p, certain, log_stay, n: int) -> None:
-        self.key, self.uid, self.s, self.p, self.certain, self.log_stay, self.n = key, uid, s, p, certain, log_stay, n
-        m = len(uid)
-        head = np.empty(m, dtype=bool)
-        if m:
-            head[0] = True
-            np.not_equal(uid[1:], uid[:-1], out=head[1:])
-        self.head = head  # first entry of each uid
-        self.start = np.maximum.accumulate(np.where(head, np.arange(m), 0))  # group start per entry
-        self.pairs = m < 2 or not np.any(~head[1:] & ~head[:-1])  # at most two entries per uid
-        self._likely: dict = {}
-        self._first: dict = {}
-
-    def first_uses(self, min_prob: float) -> tuple[np.ndarray, np.ndarray]:
-        hit = self._first.get(min_prob)
-        if hit is None:
-            m = self.p >= min_prob
-            uid, s = self.uid[m], self.s[m]
-            head = np.empty(len(uid), dtype=bool)
-            if len(uid):
-                head[0] = True
-                np.not_equal(uid[1:], uid[:-1], out=head[1:])
-            hit = self._first[min_prob] = (uid[head], s[head])
-        return hit
-
-    def likely_before(self, step: int, max_harm: float) -> np.ndarray | None:
-        """[n] bool: P(some entry before `step` is a use) > max_harm, exactly as `_survival` of those
-        entries compares with 1 - max_harm; None where the shortcut does not hold (then sum directly).
-
-        Per uid, the survival of its first k entries is the running sum of their log(1 - p) in entry
-        order (what bincount adds up), so it is computed once per entry; a uid is likely before `step`
-        once some entry before `step` makes it so (checked to be monotone).
-        """
-        first = self._likely.get(max_harm, False)
-        if first is False:
-            first = self._likely[max_harm] = self._first_likely(max_harm)
-        if first is None:
-            return None
-        return first < step
-
-    def _first_likely(self, max_harm: float) -> np.ndarray | None:
-        """[n] int64, per uid the first entry step at which it is likely (a huge number if never)."""
-        bound = 1.0 - max_harm
-        if 1.0 < bound:  # likely with no entry at all: no threshold to find
-            return None
-        uid, log_stay, certain, head, start = self.uid, self.log_stay, self.certain, self.head, self.start
-        m = len(uid)
-        total = log_stay.copy()  # running sum per uid, added in entry order from 0.0
-        if self.pairs:  # the second entry of a uid adds to the first
-            at = np.flatnonzero(~head)
-            total[at] = total[at - 1] + log_stay[at]
-        else:
-            rank = np.arange(m) - start
-            for r in range(1, int(rank.max()) + 1 if m else 0):
-                at = np.flatnonzero(rank == r)
-                total[at] = total[at - 1] + log_stay[at]
-        unused = np.exp(total)
-        if certain.any():
-            cc = np.cumsum(certain)
-            used = cc - (cc[start] - certain[start]) > 0  # a certain use at or before this entry
-            unused[used] = 0.0
-        like = unused < bound
-        if m < 2:
-            at = like
-        else:
-            if np.any(like[:-1] & ~like[1:] & ~head[1:]):  # not monotone within a uid
-                return None
-            at = like.copy()  # the first likely entry of each uid
-            at[1:] &= head[1:] | ~like[:-1]
-        first = np.full(self.n, np.iinfo(np.int64).max, dtype=np.int64)
-        first[uid[at]] = self.s[at]
-        return first
-
-
-def _entry_terms(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per forecast entry: whether it is certain (p >= 1) and log(1 - p) (0 where certain)."""
-    certain = p >= 1.0  # log(1 - p) would be -inf: counted apart, exactly
-    return certain, np.log1p(-np.where(certain, 0.0, p))
-
-
-def _no_entries() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
-
-
-def _sparse_entries(steps: np.ndarray, probs: np.ndarray, L: int, E: int, floor: float):
-    """Forecast entries of probability >= floor as (uid [n], step [n], p [n]), by uid then step."""
-    probs = np.asarray(probs)
-    r, e = np.nonzero(probs >= floor)
-    uid = (steps[r] % L) * E + e
-    order = np.argsort(uid, kind="stable")  # rows ascend, so steps ascend within a uid
-    return uid[order], steps[r][order], np.minimum(probs[r, e][order].astype(np.float64), 1.0)
-
-
-def _survival(uid, p, n):
-    """[n] probability that no entry (uid [m], p [m]) is a use, per uid (independence assumed)."""
-    certain, log_stay = _entry_terms(p)
-    used = np.bincount(uid, weights=certain, minlength=n) > 0
-    return np.where(used, 0.0, np.exp(np.bincount(uid, weights=log_stay, minlength=n)))
-
-
-def _first_use(uid, step, p, cur, tau, n, *, certain=None, log_stay=None, only=None):
-    """Discounted first-use value and no-use probability per uid from sparse entries.
-
-    Args:
-        uid, step, p: [m] entries sorted by uid then step.
-        cur: the position distances count from.
-        tau: discount scale in positions.
-        n: L * E.
-        certain, log_stay: [m] `_entry_terms(p)` when already at hand (the same numbers).
-        only: [N] uids to return (default: all n); their numbers do not depend on it.
-
-    Returns:
-        value [n]: sum over entries of P(first use there) * exp(-(step - cur) / tau);
-        survive [n]: P(no use at any entry).
-    """
-    if certain is None:
-        certain, log_stay = _entry_terms(p)
-    m = len(uid)
-    any_certain = bool(certain.any())
-    if m:
-        head = np.empty(m, dtype=bool)
-        head[0] = True
-        np.not_equal(uid[1:], uid[:-1], out=head[1:])
-        first = np.maximum.accumulate(np.where(head, np.arange(m), 0))  # group start per entry
-        cs = np.cumsum(log_stay)
-        before = cs - log_stay - (cs[first] - log_stay[first])  # log P(unused at earlier entries)
-        f = p * np.exp(before)
-        if any_certain:
-            cc = np.cumsum(certain)
-            dead = (cc - certain) - (cc[first] - certain[first]) > 0  # a certain use came earlier
-            f = np.where(dead, 0.0, f)
-    else:
-        f = p
-    value = np.bincount(uid, weights=f * np.exp(-(step - cur) / tau), minlength=n)
-    log_survive = np.bincount(uid, weights=log_stay, minlength=n)
-    if only is not None:
-        value, log_survive = value[only], log_survive[only]
-    survive = np.exp(log_survive)
-    if any_certain:
-        used = np.zeros(n, dtype=bool)
-        used[uid[certain]] = True
-        survive = np.where(used if only is None else used[only], 0.0, survive)
-    return value, survive
 
 
 def _as_index(pinned: Container[int], resident: np.ndarray) -> np.ndarray:
