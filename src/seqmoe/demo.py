@@ -3,7 +3,7 @@
 The workload is real routing of our own trained MoE model (seqmoe-tiny, shipped in the package)
 over Python standard library source: its train part (files the model trained on) trains the
 forecaster and the baselines' statistics, its test part (held-out files) is replayed
-(`seqmoe.tiny.traces`). The demo trains the seq2seq forecaster once (about 20 seconds; kept in
+(`seqmoe.tiny.traces`). The demo trains the seq2seq forecaster once (about 15 seconds; kept in
 `$SEQMOE_CACHE`), then compares the baselines and `seqmoe` with the `seqmoe-tiny` model profile on
 `h100-pcie5`. No downloads, no `../shared`.
 """
@@ -26,7 +26,7 @@ from seqmoe.trace.schema import RoutingTrace
 
 RESIDENCIES = (0.25, 0.45, 0.65)
 FORECASTER = dict(epochs=6, hash_buckets=4096, embed_dim=128, hidden_dim=128, query_dim=128, threads=1)
-"""The demo's forecaster: smaller than the default (about 20 s of training on one thread, which also
+"""The demo's forecaster: smaller than the default (about 15 s of training on one thread, which also
 makes it the same on every machine with the same torch build); the time cap is only a safeguard."""
 
 

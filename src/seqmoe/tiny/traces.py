@@ -29,10 +29,10 @@ DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 TRAIN_FILE, TEST_FILE = DATA_DIR / "seqmoe-tiny-train.safetensors", DATA_DIR / "seqmoe-tiny-test.safetensors"
 REQUEST_TOKENS = 256
 """Tokens per request: the model's context."""
-CHUNKS = {"train": 2, "test": 4}
-"""Requests (consecutive windows) per file, by part."""
-TRAIN_EVERY = 5
-"""The train part takes every 5th training file."""
+CHUNKS = {"train": 1, "test": 4}
+"""Requests (consecutive windows) per file, by part (the train part stays under 2 MB)."""
+TRAIN_EVERY = 4
+"""The train part takes every 4th training file."""
 
 
 def load_demo_traces() -> tuple[RoutingTrace, RoutingTrace]:
