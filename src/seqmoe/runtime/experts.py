@@ -194,8 +194,7 @@ class OffloadedExperts(torch.nn.Module):
             if params is None:
                 lo, hi = c.row_start, c.row_start + self.num_experts
                 params = self._windows[(lo, -1)] = {k: v[lo:hi] for k, v in self._slot_params.items()}
-            self.pool.pool_reads += index.shape[-1] if index.shape[0] == 1 else len(set(index.view(-1).tolist()))
-            self._c.slot_calls += 1
+            self._count_slot_call(index)
             return params, self.num_experts, index
         if self._table_np is not None:  # CPU: numpy on a handful of ids is cheaper than torch ops
             try:
@@ -225,9 +224,13 @@ class OffloadedExperts(torch.nn.Module):
             new_index = torch.from_numpy((slots - lo).astype(np.int64)).to(index.dtype)
         else:
             new_index = (slots - lo).to(index.dtype)
+        self._count_slot_call(index)
+        return params, hi - lo + 1, new_index
+
+    def _count_slot_call(self, index: torch.Tensor) -> None:
+        """One call served in place: its distinct experts count as pool reads."""
         self.pool.pool_reads += index.shape[-1] if index.shape[0] == 1 else len(set(index.view(-1).tolist()))
         self._c.slot_calls += 1
-        return params, hi - lo + 1, new_index
 
     def extra_repr(self) -> str:
         return f"layer={self.layer}, num_experts={self.num_experts}, original={type(self.original).__name__}"

@@ -229,8 +229,8 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
     start = start_placement(train, C) if train is not None else []
     name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
     dims = _placeholder_trace(L, E, K, name)
-    # test: the placeholder (no token ids, no vocab), so the forecaster hashes the live token ids
-    # directly, as simulate() does on the recorded trace (its ids have no vocab either).
+    # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
+    # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     sys_obj = build_system(system, SystemInputs(train=train or dims, test=dims, capacity=C, start=tuple(start),
                                                 predictor=predictor))
     if sys_obj.prefetcher is not None and C < K + 1:
