@@ -21,6 +21,11 @@ The seq2seq forecaster of the `seqmoe` systems is driven like any predictor: `be
 request's first position, `begin_token` with the position's input id (a Python int, hashed without
 a vocabulary, as `simulate()` hashes the recorded trace's ids), `observe` at each reveal.
 
+With `control="thread"` (`driver.ControlThread`) a decode forward only posts its routing to the
+mailbox from the router hooks (device ops, no host synchronisation, graph-capturable) and the
+control thread feeds it to the same calls (`decode_layer`); prompt forwards stay inline, after the
+thread has caught up.
+
 A forward whose model cache is empty starts a new request (as `generate` does for its prompt);
 without a cache (`use_cache=False`) every forward is a request of its own. If a forward fails
 midway (e.g. the system finds no slot), the positions already fed to the state machine stay
@@ -29,6 +34,7 @@ counted but are not recorded in `trace()`: offload again after such an error.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
@@ -56,6 +62,7 @@ class Controller:
         self.system = system
         self.L, self.E, self.K = num_layers, num_experts, top_k
         self.meta = meta
+        self.lock = threading.Lock()  # the state machine: model thread (prompts) vs control thread (decode)
         self.state: ReplayState | None = None
         self.pool: ExpertPool | None = None
         self.worker: CopyWorker | None = None
@@ -71,6 +78,12 @@ class Controller:
         self._shape = (0, top_k)
         self._new_request = True
         self.host_s = 0.0  # seconds in the model hooks (routing events, control plane); see `OffloadRuntime.stats`
+        self.thread = None  # driver.ControlThread when the control plane runs on its own thread
+        self.mailbox = None
+        self.posting = False  # a decode forward posting to the mailbox is running (thread mode)
+        self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
+        self._token_input: torch.Tensor | None = None
+        self._step: tuple[np.ndarray, np.ndarray] | None = None
 
     def attach(self, state: ReplayState, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = state, pool, worker
@@ -142,6 +155,42 @@ class Controller:
         self._weights.append(weights)
         self._tokens += tokens
 
+    # -- decode steps read from the mailbox (control thread) --------------------------------------------
+    def begin_posted(self, token_input: torch.Tensor | None) -> None:
+        """A decode forward that posts its routing starts (model thread); `token_input`: its input id [1]."""
+        if not self.graph_step:
+            self.thread.launch()
+        self.pool.set_idle(False)
+        self.posting, self._token_input = True, token_input
+
+    def end_posted(self) -> None:
+        """The posting forward returned (model thread); on the CPU its reads are then all done."""
+        self.posting, self._token_input = False, None
+        if self.pool.device.type == "cpu":
+            self.pool.set_idle(True)
+
+    def post(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """Router hook of a posting forward: device ops only."""
+        self.mailbox.post(layer, ids, weights, self._token_input if layer == 0 else None)
+
+    def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, token: int | None) -> None:
+        """One layer of a posted decode step, in order (control thread): what `route` and
+        `experts_done` do for a one-position forward, and `end_forward` after the last layer."""
+        if layer == 0:
+            self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
+            self._token_start(token, new_request=False)
+        step_ids, step_w, tok = self._step
+        if int(ids.max()) >= self.E or int(ids.min()) < 0:
+            raise UserError(f"an expert index outside 0..{self.E - 1} was routed: expert parallelism is not supported")
+        step_ids[0, layer], step_w[0, layer] = ids, weights
+        self._reveal(layer, step_ids[0, layer])
+        self._compute(layer)
+        if layer == self.L - 1:
+            self.t += 1
+            self._ids.append(step_ids)
+            self._weights.append(step_w)
+            self._tokens.append(tok)
+
     # -- the simulate() loop, one call at a time -----------------------------------------------------
     def _token_start(self, token: int | None, new_request: bool | None = None) -> None:
         if new_request is None:
@@ -204,11 +253,25 @@ def _pre_hook(controller: Controller):
             shape, tokens = emb.shape[:2], [None] * emb.shape[1]
         if len(shape) != 2 or shape[0] != 1:
             raise UserError(f"the offload runtime serves batch 1; got inputs of shape {tuple(shape)}")
+        thread = controller.thread
+        if controller.graph_step:  # DecodeGraph's decode step: nothing here may read a device value
+            controller.begin_posted(ids[:, -1] if ids is not None else None)
+            return
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        new_request = cache is None or not hasattr(cache, "get_seq_length") or bool(cache.get_seq_length() == 0)
+        if thread is not None and shape[1] == 1 and not new_request and (controller.num_tokens or thread.launched):
+            controller.begin_posted(ids[:, -1] if ids is not None else None)
+            controller.host_s += time.perf_counter() - t0
+            return
+        if thread is not None:  # a prompt: the state machine must be current, the device idle
+            thread.catch_up()
+            if controller.pool.device.type == "cuda":
+                torch.cuda.current_stream(controller.pool.device).synchronize()
+            controller.pool.set_idle(True)
         if tokens is None:
             tokens = ids[0].tolist()
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        new_request = cache is None or not hasattr(cache, "get_seq_length") or cache.get_seq_length() == 0
-        controller.begin_forward(tokens, new_request or controller.num_tokens == 0)
+        with controller.lock:
+            controller.begin_forward(tokens, new_request or controller.num_tokens == 0)
         controller.host_s += time.perf_counter() - t0
 
     return hook
@@ -217,7 +280,11 @@ def _pre_hook(controller: Controller):
 def _post_hook(controller: Controller):
     def hook(module, args, output):
         t0 = time.perf_counter()
-        controller.end_forward()
+        if controller.posting:
+            controller.end_posted()
+        else:
+            with controller.lock:
+                controller.end_forward()
         controller.host_s += time.perf_counter() - t0
 
     return hook
@@ -234,6 +301,9 @@ def _router_hook(controller: Controller, layer: int):
     def hook(module, args, output):
         t0 = time.perf_counter()
         _, weights, ids = unpack_router_output(module, output)
+        if controller.posting:
+            controller.post(layer, ids, weights)
+            return
         controller.route(layer, _host(ids), _host(weights))  # cast to int16 / float32 by the controller
         controller.host_s += time.perf_counter() - t0
 

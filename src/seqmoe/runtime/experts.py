@@ -6,7 +6,10 @@ runtime packs one expert's slices of all of them into one contiguous row of P nu
 (`ExpertLayout`), so that one copy moves one expert, and deletes the parameters.
 
 `OffloadedExperts.forward` has the original signature (hidden_states, top_k_index, top_k_weights).
-When every routed expert is in a published slot and the implementation does not depend on expert
+In a decode step that posts its routing (`control="thread"`: no host synchronisation, capturable
+as a CUDA graph) it gathers the K routed rows on the device, each from its slot or, on a miss, from
+the mapped host block (`ExpertPool.gather_posted`), and runs the original forward on them with the
+routed ids replaced by 0..K-1: static shapes, no host value read. Otherwise, when every routed expert is in a published slot and the implementation does not depend on expert
 numbering (grouped_mm, batched_mm: the default), it can run the *original module's own forward* on
 views of a window of at most E pool slots with the routed ids replaced by slot offsets: no copy
 (on CUDA, or on the CPU for experts of 1 MiB or more; `CPU_IN_PLACE_BYTES`). Otherwise it gathers
@@ -106,10 +109,10 @@ copying grows with the expert size, the window does not. On CUDA the window path
 
 
 class _Counts:
-    __slots__ = ("host_s", "gather_s", "slot_calls", "gather_calls", "row_version", "row_start")
+    __slots__ = ("host_s", "gather_s", "slot_calls", "gather_calls", "posted_calls", "row_version", "row_start")
 
     def __init__(self) -> None:
-        self.host_s, self.gather_s, self.slot_calls, self.gather_calls = 0.0, 0.0, 0, 0
+        self.host_s, self.gather_s, self.slot_calls, self.gather_calls, self.posted_calls = 0.0, 0.0, 0, 0, 0
         self.row_version, self.row_start = -1, -1  # table version checked; first slot of an in-order layer, or -1
 
 
@@ -128,9 +131,12 @@ class OffloadedExperts(torch.nn.Module):
         layer: MoE layer index (0..L-1).
         layout: the packed layout of one expert.
         pool: the runtime's `ExpertPool` (slot table, slots, host blocks).
-        done: called with `layer` once the experts have computed (the control plane's layer end).
+        control: the `Controller`: `experts_done(layer)` once the experts have computed (the
+            control plane's layer end); `posting` tells a decode step that posts its routing.
 
-    Two paths, both exact:
+    Three paths, all exact:
+    - posted (a posting decode step, one position, an implementation in `SLOT_INDEXED`): the K
+      routed rows gathered on the device from slot or mapped host block, ids replaced by 0..K-1;
     - by slot (no copy; `by_slot`, see `CPU_IN_PLACE_BYTES`): when every routed expert of the call
       is published in the pool, their slots span at most E (the pool's home-slot layout keeps a
       layer's experts together; at full residency slot = uid) and the implementation is in
@@ -143,7 +149,7 @@ class OffloadedExperts(torch.nn.Module):
     in `done`); `gather_s` the seconds of the gathers (data plane: copies of the routed rows).
     """
 
-    def __init__(self, original: torch.nn.Module, layer: int, layout: ExpertLayout, pool, done: Callable[[int], None]) -> None:
+    def __init__(self, original: torch.nn.Module, layer: int, layout: ExpertLayout, pool, control) -> None:
         super().__init__()
         self.check(original)
         object.__setattr__(self, "original", original)  # not a submodule: its state is the runtime's
@@ -151,7 +157,9 @@ class OffloadedExperts(torch.nn.Module):
         self.layer = layer
         self.layout = layout
         self.num_experts = int(original.num_experts)
-        self._done = done
+        self._control = control
+        self._done: Callable[[int], None] = control.experts_done
+        self._posted_index: dict[tuple, torch.Tensor] = {}
         self._sig = inspect.signature(original.forward)
         self._index_name = list(self._sig.parameters)[1]
         impl = getattr(getattr(original, "config", None), "_experts_implementation", None)
@@ -169,6 +177,7 @@ class OffloadedExperts(torch.nn.Module):
     gather_s = property(lambda self: self._c.gather_s, doc="Seconds spent gathering rows (`ExpertPool.rows`).")
     slot_calls = property(lambda self: self._c.slot_calls, doc="Calls served in place from a window of slots.")
     gather_calls = property(lambda self: self._c.gather_calls, doc="Calls served from gathered rows.")
+    posted_calls = property(lambda self: self._c.posted_calls, doc="Decode calls served on the device (posting steps).")
 
     @staticmethod
     def check(original: torch.nn.Module) -> None:
@@ -227,6 +236,17 @@ class OffloadedExperts(torch.nn.Module):
         self._count_slot_call(index)
         return params, hi - lo + 1, new_index
 
+    def _posted(self, index: torch.Tensor) -> tuple[dict, int, torch.Tensor]:
+        """A posting decode step: (views of the K gathered rows, K, ids 0..K-1 in routing order)."""
+        k = index.shape[-1]
+        rows = self.pool.gather_posted(self.layer, index.reshape(-1))
+        key = (k, index.dtype, index.device)
+        new_index = self._posted_index.get(key)
+        if new_index is None:
+            new_index = self._posted_index[key] = torch.arange(k, dtype=index.dtype, device=index.device).view(1, k)
+        self._c.posted_calls += 1
+        return self.layout.views(rows), k, new_index
+
     def _count_slot_call(self, index: torch.Tensor) -> None:
         """One call served in place: its distinct experts count as pool reads."""
         self.pool.pool_reads += index.shape[-1] if index.shape[0] == 1 else len(set(index.view(-1).tolist()))
@@ -243,7 +263,9 @@ class OffloadedExperts(torch.nn.Module):
             bound = self._sig.bind(hidden_states, *args, **kwargs)
             index = bound.arguments[self._index_name]
         params = None
-        if self.by_slot:
+        if self._control.posting and self.slot_ok and index.shape[0] == 1:
+            params, n, new_index = self._posted(index)
+        elif self.by_slot:
             params, n, new_index = self._by_slot(index)
         if params is None:
             hit = torch.unique(index)  # sorted: experts run in the original's order

@@ -25,6 +25,8 @@ from seqmoe.errors import UserError
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime.control import Controller, install_hooks
 from seqmoe.runtime.copier import CopyWorker
+from seqmoe.runtime.driver import ControlThread
+from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
 from seqmoe.runtime.pool import ExpertPool
 from seqmoe.sim.placement import capacity_for, start_placement
@@ -117,8 +119,24 @@ class OffloadRuntime:
         self.model_profile, self.hardware = model_profile, hardware
         self.closed = self._restored = False
 
+    @property
+    def control(self) -> str:
+        """Where the control plane runs: "inline" (in the router hooks) or "thread" (its own thread)."""
+        return "inline" if self.controller.thread is None else "thread"
+
+    def _catch_up(self) -> None:
+        """The state machine current with every step the model ran (thread mode: waits for the device)."""
+        thread = self.controller.thread
+        if thread is not None and not self.closed:
+            thread.catch_up()
+            if self.pool.device.type == "cuda":
+                torch.cuda.synchronize(self.pool.device)
+            if not self.controller.posting:
+                self.pool.set_idle(True)
+
     def trace(self) -> RoutingTrace:
         """The routing of every position this runtime has served (prompt positions, then each decode step)."""
+        self._catch_up()
         t = self.controller.trace()
         if t is None:
             raise UserError("the model has not run since offload(); call model.generate(...) first")
@@ -139,12 +157,15 @@ class OffloadRuntime:
         return [b.experts for b in self._blocks if isinstance(b.experts, OffloadedExperts)]
 
     def synchronize(self) -> None:
-        """Wait until every queued expert copy has run."""
+        """Wait until the control plane has seen every step and every queued expert copy has run."""
+        self._catch_up()
         self.worker.drain()
 
     def stats(self) -> dict:
         """Counts of the control plane (the simulator's metrics) and of the data plane (real copies, bytes)."""
+        self._catch_up()
         st, pool = self.controller.state, self.pool
+        device_reads = pool.device_reads.tolist()
         c = st.c
         n = c.ready + c.late + c.misses
         tokens = self.controller.num_tokens
@@ -160,7 +181,8 @@ class OffloadRuntime:
             "sim_copies": st.engine.started,
             "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,
             "bytes_copied": self.worker.copies * eb,
-            "pool_reads": pool.pool_reads, "host_reads": pool.host_reads, "peak_gathered_experts": pool.peak_gathered,
+            "control": self.control,
+            "pool_reads": pool.pool_reads + device_reads[0], "host_reads": pool.host_reads + device_reads[1], "peak_gathered_experts": pool.peak_gathered,
             "resident_experts": len(pool.resident()),
             "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
             "host_expert_bytes": pool.host_bytes,
@@ -177,6 +199,10 @@ class OffloadRuntime:
         being managed (every expert then reads from wherever its table entry points)."""
         if self.closed:
             return
+        self._catch_up()
+        self.pool.set_idle(True)
+        if self.controller.thread is not None:
+            self.controller.thread.close()
         self.worker.close()
         for h in self._hooks:
             h.remove()
@@ -195,7 +221,8 @@ class OffloadRuntime:
 
 def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, device=None, predictor=None,
             bandwidth: float | None = None, train: RoutingTrace | None = None,
-            hardware: str | HardwareProfile | None = None, emulate_link: bool = False) -> OffloadRuntime:
+            hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
+            control: str | None = None) -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
@@ -211,6 +238,10 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
             without it the pool starts empty.
         hardware: hardware profile (preset name, file or object) of the cost model (default h100-pcie5).
         emulate_link: the copy worker sleeps one copy time per copy (an emulated link on CPU).
+        control: "thread" (default on CUDA): decode steps post their routing to a mailbox and a
+            control thread runs the state machine, so a decode step never synchronises with the host
+            and can be captured as a CUDA graph (`DecodeGraph`); "inline" (default on the CPU): the
+            state machine runs in the router hooks. Same decisions, same counts.
     """
     layers = moe_layers(model)
     L, E, K = len(layers), layers[0].num_experts, layers[0].top_k
@@ -264,6 +295,9 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
         raise UserError(f"device {device} was asked for but CUDA is not available; pass device='cpu' or None")
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
+    control = control or ("thread" if device.type == "cuda" else "inline")
+    if control not in ("inline", "thread"):
+        raise UserError(f"control must be 'inline' or 'thread', got {control!r}")
     hosts = []
     for x in originals:  # layer by layer: at most one layer's experts exist twice at a time
         host = torch.empty((E, layout.numel), dtype=layout.dtype, pin_memory=device.type == "cuda")
@@ -284,8 +318,12 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
     state = ReplayState(dims, sys_obj, mp, hw, C, start, observer=controller)
     worker = CopyWorker(pool, copy_time_s(mp, hw) if emulate_link else None)
     controller.attach(state, pool, worker)
+    if control == "thread":
+        controller.mailbox = Mailbox(L, K, device)
+        controller.thread = ControlThread(controller, controller.mailbox, controller.lock)
+        pool.fence = lambda: controller.mailbox.progress
     for l, (block, orig) in enumerate(zip(blocks, originals)):
-        block.experts = OffloadedExperts(orig, l, layout, pool, controller.experts_done)
+        block.experts = OffloadedExperts(orig, l, layout, pool, controller)
     hooks = install_hooks(controller, model, [m.router for m in layers])
     return OffloadRuntime(model, blocks, originals, layouts, pool, worker, controller, hooks, system=system,
                           residency=residency, start=start, model_profile=mp, hardware=hw)

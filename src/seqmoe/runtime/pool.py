@@ -18,24 +18,38 @@ thread) assigns and releases slots, and it never reads a slot it released. A new
 free slot nearest its home slot (`home_slot`: uids laid out in order over the C slots), so one
 layer's resident experts sit in a narrow window that the experts forward can read in place.
 
-CUDA design (not implemented as a kernel here): the host blocks are pinned and mapped
-(`cudaHostRegister`/UVA), the experts kernel reads the device slot table and takes each expert's
-weights from the pool slot or, on -1, straight from the mapped host block over the link, so a miss
-never waits for a copy and nothing else needs the host. This module's generic path gathers with
-`Tensor.to(device)` on a miss instead, and the worker copies on its own CUDA stream after waiting
-for the event recorded when the slot was released.
+On CUDA the host blocks and the slot table are pinned host memory that the device reads in place
+(`mapped.device_view`): the table is written by the host alone (a store, no copy to issue) and
+read by the experts kernels of the decode step, which take each routed expert from its slot or, on
+-1, straight from its mapped host block over the link (`mapped.gather_rows`), so a miss never waits
+for a copy and needs nothing from the host. The copy worker copies on its own CUDA stream.
+
+When the control plane runs on its own thread (`control="thread"`), a slot can be released while
+decode steps the device is still running may read it: the table entry is cleared at once, but the
+slot is refilled only after the device has posted `FENCE_LAYERS` more layers of routing to the
+mailbox (`fence`), or once the device is idle. A read that saw the old entry belongs to a layer
+whose routing was posted before the release; every post follows the previous layer's expert
+reads in stream order, so that read is complete before the fence opens (the margin covers a post
+still in flight over the link when the release happened). In the inline mode releases happen on
+the model thread between its own reads; on CUDA a copy into a released slot waits for an event
+recorded on the model's stream at the release.
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
 from seqmoe.errors import UserError
+from seqmoe.runtime.mapped import device_view, gather_rows
 
 _NEAR = 16  # how far from its home slot `assign` looks for a free slot before taking any
+FENCE_LAYERS = 3
+"""Layers the device must post after a release (control thread) before the slot is refilled."""
 
 
 class ExpertPool:
@@ -57,9 +71,15 @@ class ExpertPool:
         self.device = device
         self.capacity = capacity
         self.pool = torch.empty((capacity, self.numel), dtype=self.dtype, device=device)
-        self.table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, device=device)
-        # Readers use a host view of the table: the same memory on CPU, a mirror on CUDA.
-        self.table_host = self.table.numpy() if device.type == "cpu" else np.full(self.table.shape, -1, np.int32)
+        table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.table_host = table.numpy()  # written by the host only
+        self.table = device_view(table, device)  # the same memory, as the device reads it
+        self.hosts_device = [device_view(h, device) for h in hosts]
+        self.device_reads = torch.zeros(2, dtype=torch.int64, device=device)  # (slot, host) reads of posted steps
+        self._staging: torch.Tensor | None = None
+        self.fence: Callable[[], int] | None = None  # control thread: layers the device has posted
+        self.idle = True  # no device work that may read the pool is in flight (set by the model thread)
+        self._reuse_at = [-1] * capacity  # fence value from which a released slot may be refilled
         self._lock = threading.Lock()
         self.slot_of: dict[int, int] = {}  # uid -> slot (assigned; maybe not yet copied)
         self.owner = [-1] * capacity
@@ -126,17 +146,22 @@ class ExpertPool:
             self.owner[slot] = -1
             self.loaded[slot] = False
             self._publish(layer, e, -1)
-        if self.device.type == "cuda":
+            # (the lock is a memory fence: the cleared entry is visible before `idle`/progress are read)
+            self._reuse_at[slot] = -1 if self.fence is None or self.idle else self.fence() + FENCE_LAYERS
+        if self.fence is None and self.device.type == "cuda":
             ev = torch.cuda.Event()
             ev.record()  # reads of this slot queued so far on the model's stream
             self._released_at[slot] = ev
         self.free.add(slot)
 
+    def set_idle(self, idle: bool) -> None:
+        """The model thread: whether device work that may read the pool is in flight (False) or all done."""
+        with self._lock:
+            self.idle = idle
+
     def _publish(self, layer: int, e: int, slot: int) -> None:
         self.table_host[layer, e] = slot
         self.version += 1
-        if self.device.type != "cpu":
-            self.table[layer, e] = slot
 
     # -- copy worker ----------------------------------------------------------------------------------
     def wanted(self, uid: int, slot: int, gen: int) -> bool:
@@ -147,6 +172,8 @@ class ExpertPool:
         """Copy `uid`'s host block into `slot`, then publish it unless the slot changed hands; True if published."""
         layer, e = self._split(uid)
         src, dst = self.hosts[layer][e], self.pool[slot]
+        while self._reuse_at[slot] >= 0 and not self.idle and self.fence() < self._reuse_at[slot]:
+            time.sleep(20e-6)  # the device may still read this slot for its previous owner
         if self.device.type == "cuda":
             ev = self._released_at[slot]
             if ev is not None:
@@ -183,6 +210,20 @@ class ExpertPool:
                 parts.append(host[e].to(self.device, non_blocking=True))
                 self.host_reads += 1
         return torch.stack(parts)
+
+    def gather_posted(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+        """[K, P] rows of one position's routed `ids` [K] (device tensor), with no host value read:
+        each from its slot, or on a miss from the mapped host block (`mapped.gather_rows`). The
+        reads are counted on the device (`device_reads`). The buffer is shared by all layers."""
+        slots = self.table[layer].index_select(0, ids)
+        n = ids.shape[0]
+        if self._staging is None or self._staging.shape[0] != n:
+            self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
+            self.peak_gathered = max(self.peak_gathered, n)
+        missed = (slots < 0).sum()
+        self.device_reads[1:].add_(missed)
+        self.device_reads[:1].add_(n - missed)
+        return gather_rows(self.pool, self.hosts_device[layer], slots, ids, self._staging)
 
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""

@@ -1,0 +1,83 @@
+"""The control thread: runs the state machine on decode steps' routing read from the mailbox.
+
+With `control="thread"` a decode step (one position, the model cache not empty) only posts its
+routing (`Mailbox.post`, device ops); this thread reads it layer by layer (`Mailbox.wait`) and
+calls `Controller.decode_layer`, which makes the same state-machine calls, in the same order, as
+the inline hooks do. The decisions depend only on the routing and the virtual clock, never on when
+they are made, so counts and trace equal the inline engine's and `simulate()`'s.
+
+The model thread calls `launch()` before each decode step (it counts the step and waits while the
+thread is R / 2 steps behind, so the mailbox ring never laps) and `catch_up()` before anything that
+needs the state machine current (a prompt forward, stats, trace). An error in the thread is raised
+on the model thread at its next `launch` or `catch_up`.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from seqmoe.runtime.mailbox import Mailbox
+
+
+class ControlThread:
+    """Consume decode steps posted to `mailbox` into `controller` (under `lock`)."""
+
+    def __init__(self, controller, mailbox: Mailbox, lock: threading.Lock) -> None:
+        self.controller, self.mailbox, self.lock = controller, mailbox, lock
+        self.launched = 0  # decode steps the model thread started
+        self.done = 0  # decode steps fed to the state machine
+        self._cv = threading.Condition()
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="seqmoe-control", daemon=True)
+        self._thread.start()
+
+    def launch(self) -> None:
+        """A decode step is about to post (model thread); waits while the thread is half a ring behind."""
+        with self._cv:
+            self._cv.wait_for(lambda: self.launched - self.done < self.mailbox.R // 2 or self._error or self._stop)
+            self._check()
+            self.launched += 1
+            self._cv.notify_all()
+
+    def catch_up(self, timeout: float | None = 600.0) -> None:
+        """Wait until every launched decode step is in the state machine."""
+        with self._cv:
+            ok = self._cv.wait_for(lambda: self.done >= self.launched or self._error or self._stop, timeout)
+            self._check()
+            if not ok:
+                raise RuntimeError(f"the control plane waited {timeout} s for decode step {self.done}'s routing; a "
+                                   "forward probably failed midway: offload the model again")
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"the control thread failed: {self._error!r}") from self._error
+
+    def _run(self) -> None:
+        alive = lambda: not self._stop  # noqa: E731
+        L = self.mailbox.L
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self.done < self.launched or self._stop)
+                if self._stop:
+                    return
+                step = self.done
+            try:
+                for layer in range(L):
+                    ids, weights, token = self.mailbox.wait(step, layer, alive)
+                    with self.lock:
+                        self.controller.decode_layer(layer, ids, weights, token)
+            except BaseException as e:  # surfaced on the model thread
+                with self._cv:
+                    self._error = e
+                    self._cv.notify_all()
+                return
+            with self._cv:
+                self.done += 1
+                self._cv.notify_all()
+
+    def close(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify_all()
+        self._thread.join()

@@ -1,0 +1,97 @@
+"""The routing mailbox: how a decode step's routing reaches the host without the step waiting for it.
+
+    box = Mailbox(num_layers, top_k, device)
+    box.post(layer, ids, weights, token)      # model thread, inside the decode step: device ops only
+    ids, weights, token = box.wait(step, layer)   # control thread: spins until (step, layer) is posted
+
+The mailbox is pinned host memory that the device writes through its mapped view (`mapped`): a
+ring of R decode steps x L layers of routed ids and gate weights, the step's input token, and per
+(step, layer) the step number once its routing is complete, written after the routing (stream
+order, so the host sees the routing before the number). `progress` counts every layer posted so
+far; the slot fence (`pool`) reads it. Each post is a handful of small device ops whose indices are
+device tensors: nothing in it depends on a host value, so it records into a CUDA graph and replays
+with the step counter it keeps on the device. The model thread keeps at most R / 2 steps ahead of
+the control thread (`ControlThread.launch`), so a slot of the ring is never overwritten before it
+is read; a reader that finds its step overwritten raises.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from seqmoe.runtime.mapped import device_view
+
+RING = 64
+"""Decode steps the mailbox holds."""
+
+
+class Mailbox:
+    """Routing of decode steps, posted by the device, read by the control thread.
+
+    Args:
+        num_layers, top_k: L, K.
+        device: where the model runs (posts are ops on this device).
+        ring: R, steps held.
+    """
+
+    def __init__(self, num_layers: int, top_k: int, device: torch.device, ring: int = RING) -> None:
+        self.L, self.K, self.R, self.device = num_layers, top_k, ring, device
+        pin = device.type == "cuda"
+        self._ids = torch.full((ring * num_layers, top_k), -1, dtype=torch.int32, pin_memory=pin)
+        self._weights = torch.zeros((ring * num_layers, top_k), dtype=torch.float32, pin_memory=pin)
+        self._tokens = torch.full((ring,), -1, dtype=torch.int64, pin_memory=pin)
+        self._seq = torch.full((ring * num_layers,), -1, dtype=torch.int64, pin_memory=pin)
+        self._progress = torch.zeros((1,), dtype=torch.int64, pin_memory=pin)
+        self.ids_np, self.weights_np = self._ids.numpy(), self._weights.numpy()
+        self.tokens_np, self.seq_np, self.progress_np = self._tokens.numpy(), self._seq.numpy(), self._progress.numpy()
+        v = lambda t: device_view(t, device)  # noqa: E731
+        self._d_ids, self._d_weights, self._d_tokens = v(self._ids), v(self._weights), v(self._tokens)
+        self._d_seq, self._d_progress = v(self._seq), v(self._progress)
+        self.posts = torch.zeros((1,), dtype=torch.int64, device=device)  # layers posted, on the device
+        self.muted = False  # graph warm-up: run the step without posting
+
+    @property
+    def progress(self) -> int:
+        """Layers posted so far, as the host sees it."""
+        return int(self.progress_np[0])
+
+    def post(self, layer: int, ids: torch.Tensor, weights: torch.Tensor, token: torch.Tensor | None) -> None:
+        """Post one position's routing at `layer` ([1, K] ids and weights; the input token at layer 0).
+
+        Device ops only (no host value is read): safe inside a captured decode step."""
+        if self.muted:
+            return
+        step = torch.div(self.posts, self.L, rounding_mode="floor")
+        ring = torch.remainder(step, self.R)
+        at = ring * self.L + layer
+        self._d_ids.index_copy_(0, at, ids.reshape(1, self.K).to(torch.int32))
+        self._d_weights.index_copy_(0, at, weights.reshape(1, self.K).to(torch.float32))
+        if token is not None:
+            self._d_tokens.index_copy_(0, ring, token.reshape(1).to(torch.int64))
+        self._d_seq.index_copy_(0, at, step)  # after the routing: the host reads it as "complete"
+        self.posts.add_(1)
+        self._d_progress.copy_(self.posts)
+
+    def wait(self, step: int, layer: int, alive=lambda: True) -> tuple[np.ndarray, np.ndarray, int | None]:
+        """Spin until `step`'s routing at `layer` is posted; (ids [K], weights [K], token or None at
+        layers > 0). RuntimeError if it was overwritten (the reader fell a ring behind) or when
+        `alive()` turns false while waiting."""
+        at = (step % self.R) * self.L + layer
+        spins = 0
+        while (seen := int(self.seq_np[at])) != step:
+            if seen > step:
+                break
+            spins += 1
+            if spins > 200:
+                time.sleep(20e-6)
+                if not alive():
+                    raise RuntimeError("the mailbox was closed while waiting for a decode step's routing")
+        ids, weights = self.ids_np[at].copy(), self.weights_np[at].copy()
+        token = int(self.tokens_np[step % self.R]) if layer == 0 else None
+        if int(self.seq_np[at]) != step:
+            raise RuntimeError(f"decode step {step} layer {layer} was overwritten before the control plane read it "
+                               f"(it fell {self.R} steps behind)")
+        return ids, weights, token
