@@ -44,6 +44,11 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
                      help="weights dtype (default: auto, the checkpoint's)")
     gen.add_argument("--bandwidth", type=float, default=None, help="host->device bytes/s of the cost model")
     gen.add_argument("--hardware", default=None, help="hardware profile of the cost model (default: h100-pcie5)")
+    gen.add_argument("--control", choices=("inline", "thread"), default=None,
+                     help="where the control plane runs: in the router hooks (inline, synchronises each layer) or on "
+                     "its own thread fed by a routing mailbox (default: thread on cuda, inline on cpu)")
+    gen.add_argument("--graph", action="store_true", help="decode with DecodeGraph: a static cache and, on cuda, the "
+                     "decode step captured once as a CUDA graph (implies --control thread)")
     gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
     gen.set_defaults(func=run_generate)
@@ -104,14 +109,23 @@ def run_generate(args) -> int:
     if ids.shape[1] == 0:
         raise UserError("the prompt has no tokens; give some text")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if args.graph and args.control == "inline":
+        raise UserError("--graph needs --control thread")
     runtime = offload(model, args.residency, args.system, device=device, train=train, predictor=predictor,
-                      bandwidth=args.bandwidth, hardware=args.hardware)
+                      bandwidth=args.bandwidth, hardware=args.hardware, control="thread" if args.graph else args.control)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
     ids = ids.to(runtime.pool.device)
     t0 = time.perf_counter()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
-                             do_sample=False, num_beams=1, pad_token_id=pad)
+        if args.graph:
+            from seqmoe.runtime.graph import DecodeGraph
+
+            out = DecodeGraph(runtime, ids.shape[1] + args.max_new_tokens).generate(ids, args.max_new_tokens)
+        else:
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
+                                 do_sample=False, num_beams=1, pad_token_id=pad)
+    if runtime.pool.device.type == "cuda":
+        torch.cuda.synchronize(runtime.pool.device)
     wall = time.perf_counter() - t0
     new = out[0, ids.shape[1]:]
     text = tok.decode(new, skip_special_tokens=True)

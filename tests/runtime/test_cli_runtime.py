@@ -23,20 +23,22 @@ def checkpoint(tmp_path_factory):
     return path, model
 
 
-def test_generate_prints_the_full_models_text_and_stats(checkpoint, capsys):
+@pytest.mark.parametrize("engine", [[], ["--control", "thread"], ["--graph"]])
+def test_generate_prints_the_full_models_text_and_stats(checkpoint, capsys, engine):
     path, model = checkpoint
     prompt = "Hello MoE"
     ids = tiny_tokenizer()(prompt, return_tensors="pt")["input_ids"]
     want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
     want_text = prompt + tiny_tokenizer().decode(want[0, ids.shape[1]:], skip_special_tokens=True)
     assert run_cli(["generate", "--model", str(path), "--prompt", prompt, "--residency", "0.25", "--max-new-tokens", "6",
-                 "--device", "cpu", "--json"]) == 0
+                 "--device", "cpu", "--json", *engine]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == want_text
     stats = json.loads(lines[-1])
     assert stats["generated_tokens"] == 6 and stats["capacity"] == 6
     assert stats["device_expert_bytes"] == 6 * stats["expert_bytes"]
     assert any("hit rate" in line for line in lines) and any("tokens/s" in line for line in lines)
+    assert stats["control"] == ("inline" if not engine else "thread")
 
 
 def test_generate_rejects_an_oracle_system(checkpoint):

@@ -29,13 +29,15 @@ def _clamped(residency: float, model, system: str, train) -> float:
     return max(residency, slots / (L * E))
 
 
+@pytest.mark.parametrize("control", ["inline", "thread"])
 @pytest.mark.parametrize("residency", RESIDENCIES)
 @pytest.mark.parametrize("arch", ARCHS)
-def test_offloaded_model_matches_full_model(arch, residency):
+def test_offloaded_model_matches_full_model(arch, residency, control):
     ref = reference(arch)
     for system in live_systems():
         model = fresh(arch)
-        rt = offload(model, _clamped(residency, model, system, ref.train), system, train=ref.train, hardware=TEST_HW)
+        rt = offload(model, _clamped(residency, model, system, ref.train), system, train=ref.train, hardware=TEST_HW,
+                     control=control)
         out = greedy(model)
         assert torch.equal(out, ref.tokens), f"{arch} {system} r={residency}: {out.tolist()} != {ref.tokens.tolist()}"
         diff = (logits(model) - ref.logits).abs().max().item()
@@ -50,13 +52,14 @@ def test_offloaded_model_matches_full_model(arch, residency):
         rt.restore()
 
 
+@pytest.mark.parametrize("control", ["inline", "thread"])
 @pytest.mark.parametrize("arch", ["mixtral", "gpt_oss"])
-def test_exact_without_train_and_with_a_slow_emulated_link(arch):
+def test_exact_without_train_and_with_a_slow_emulated_link(arch, control):
     """Empty start pool; the worker lags far behind the model (copies land mid-run, some are skipped)."""
     ref = reference(arch)
     for system in live_systems(with_train=False):
         model = fresh(arch)
-        rt = offload(model, 0.3, system, hardware=TEST_HW, bandwidth=2e7, emulate_link=True)
+        rt = offload(model, 0.3, system, hardware=TEST_HW, bandwidth=2e7, emulate_link=True, control=control)
         assert torch.equal(greedy(model), ref.tokens), system
         assert (logits(model) - ref.logits).abs().max().item() <= 1e-5, system
         assert rt.stats()["host_reads"] > 0  # misses were computed from the host blocks

@@ -35,9 +35,10 @@ def _replay(rt, train):
                            start=rt.start)
 
 
+@pytest.mark.parametrize("control", ["inline", "thread"])
 @pytest.mark.parametrize("system", live_systems())
-def test_counts_equal_the_simulators(system):
-    rt, ref = _run("olmoe", system, 0.3)
+def test_counts_equal_the_simulators(system, control):
+    rt, ref = _run("olmoe", system, 0.3, control=control)
     trace, c = _replay(rt, ref.train)
     s = rt.stats()
     assert trace.num_requests == 3
@@ -56,8 +57,9 @@ def test_prefetching_system_has_ready_and_late_hits():
     rt.restore()
 
 
-def test_counts_equal_without_train_and_with_a_lagging_worker():
-    rt, _ = _run("mixtral", "on-demand-lru", 0.25, train=False, bandwidth=2e7, emulate_link=True)
+@pytest.mark.parametrize("control", ["inline", "thread"])
+def test_counts_equal_without_train_and_with_a_lagging_worker(control):
+    rt, _ = _run("mixtral", "on-demand-lru", 0.25, train=False, bandwidth=2e7, emulate_link=True, control=control)
     assert rt.start == []
     _, c = _replay(rt, None)
     s = rt.stats()

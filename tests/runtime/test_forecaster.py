@@ -37,11 +37,12 @@ def test_forecast_systems_are_live():
     assert not set(FORECAST_SYSTEMS) & set(live_systems())  # the default list needs no forecaster
 
 
+@pytest.mark.parametrize("control", ["inline", "thread"])
 @pytest.mark.parametrize("system", FORECAST_SYSTEMS)
-def test_counts_equal_the_simulators_and_generation_is_exact(system, predictor_dir):
+def test_counts_equal_the_simulators_and_generation_is_exact(system, predictor_dir, control):
     ref = reference("olmoe")
     model = fresh("olmoe")
-    rt = offload(model, 0.3, system, train=ref.train, predictor=str(predictor_dir), hardware=TEST_HW)
+    rt = offload(model, 0.3, system, train=ref.train, predictor=str(predictor_dir), hardware=TEST_HW, control=control)
     outs = [greedy(model, p, 6) for p in PROMPTS]
     assert (logits(model) - ref.logits).abs().max().item() <= 1e-5
     trace = rt.trace()

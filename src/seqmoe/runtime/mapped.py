@@ -47,9 +47,28 @@ def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if host.dtype == torch.bfloat16:
         return device_view(host.view(torch.int16), device).view(torch.bfloat16)
     with torch.cuda.device(device):
-        view = torch.as_tensor(_CudaArray(host), device=device)
-    if view.data_ptr() != host.data_ptr():
+        try:
+            view = torch.as_tensor(_CudaArray(host), device=device)
+        except (RuntimeError, TypeError) as e:
+            view = _cupy_view(host, device, e)
+    if view.device.type != "cuda" or view.data_ptr() != host.data_ptr():
         raise RuntimeError("the mapped view of pinned host memory does not alias it (no unified addressing?)")
+    return view
+
+
+def _cupy_view(host: torch.Tensor, device: torch.device, why: BaseException) -> torch.Tensor:
+    """The same view built by CuPy and handed over by DLPack, where torch refuses the interface."""
+    try:
+        import cupy
+    except ImportError:
+        raise RuntimeError(f"torch does not wrap pinned host memory as a CUDA tensor here ({why}); "
+                           "installing cupy gives another way") from why
+    mem = cupy.cuda.UnownedMemory(host.data_ptr(), host.numel() * host.element_size(), host, device.index or 0)
+    arr = cupy.ndarray(tuple(host.shape), dtype=str(host.dtype).removeprefix("torch."),
+                       memptr=cupy.cuda.MemoryPointer(mem, 0),
+                       strides=tuple(s * host.element_size() for s in host.stride()))
+    view = torch.from_dlpack(arr)
+    view._seqmoe_host = host  # keep the pinned memory alive with the view
     return view
 
 

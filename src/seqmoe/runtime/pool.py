@@ -146,7 +146,7 @@ class ExpertPool:
             self.owner[slot] = -1
             self.loaded[slot] = False
             self._publish(layer, e, -1)
-            # (the lock is a memory fence: the cleared entry is visible before `idle`/progress are read)
+        with self._lock:  # acquiring is a full memory fence: the cleared entry is visible before idle/progress are read
             self._reuse_at[slot] = -1 if self.fence is None or self.idle else self.fence() + FENCE_LAYERS
         if self.fence is None and self.device.type == "cuda":
             ev = torch.cuda.Event()

@@ -1,0 +1,201 @@
+"""The thread-mode engine's parts: mailbox, slot fence, device-side gather, and the decode step that
+reads no host value (`DecodeGraph`, run eagerly on the CPU; captured as a CUDA graph on a GPU).
+
+Exactness and simulator fidelity of `control="thread"` are in test_exact.py, test_fidelity.py and
+test_forecaster.py (parametrised over both engines). Run: pytest tests/runtime/test_thread.py -q
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from seqmoe.errors import UserError
+from seqmoe.runtime import offload
+from seqmoe.runtime.graph import DecodeGraph
+from seqmoe.runtime.mailbox import Mailbox
+from seqmoe.runtime.mapped import gather_rows
+from seqmoe.runtime.pool import FENCE_LAYERS, ExpertPool
+from tests.runtime.conftest import PROMPT, TEST_HW, fresh, greedy, reference
+
+STATIC_CACHE_ARCHS = ["olmoe", "mixtral", "qwen3_moe", "gpt_oss", "qwen2_moe"]
+"""Architectures whose tiny config transformers' StaticCache serves (not deepseek_v3's, see graph.py)."""
+HOST_READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"]
+
+
+def test_mailbox_round_trip_in_ring_order():
+    box = Mailbox(num_layers=3, top_k=2, device=torch.device("cpu"), ring=4)
+    for step in range(6):  # laps the ring once
+        for layer in range(3):
+            box.post(layer, torch.tensor([[step, layer]]), torch.tensor([[0.25, 0.75]]),
+                     torch.tensor([100 + step]) if layer == 0 else None)
+            ids, w, tok = box.wait(step, layer)
+            assert ids.tolist() == [step, layer] and w.tolist() == [0.25, 0.75]
+            assert tok == (100 + step if layer == 0 else None)
+    assert box.progress == 18
+    with pytest.raises(RuntimeError, match="overwritten"):
+        box.wait(1, 0)  # step 1 sat where step 5 now is
+
+
+def test_mailbox_wait_blocks_until_the_post():
+    box = Mailbox(num_layers=1, top_k=1, device=torch.device("cpu"))
+    got = []
+    t = threading.Thread(target=lambda: got.append(box.wait(0, 0)))
+    t.start()
+    time.sleep(0.05)
+    assert not got
+    box.post(0, torch.tensor([[3]]), torch.tensor([[1.0]]), torch.tensor([7]))
+    t.join(5)
+    assert got and got[0][0].tolist() == [3] and got[0][2] == 7
+
+
+def test_gather_rows_takes_the_slot_or_the_host_row():
+    pool = torch.arange(12.0).view(3, 4)
+    host = -torch.arange(20.0).view(5, 4)
+    out = torch.empty(3, 4)
+    gather_rows(pool, host, torch.tensor([2, -1, 0], dtype=torch.int32), torch.tensor([4, 3, 1]), out)
+    assert torch.equal(out, torch.stack([pool[2], host[3], pool[0]]))
+
+
+def test_a_released_slot_is_refilled_only_after_the_fence():
+    hosts = [torch.arange(8.0).view(2, 4)]
+    pool = ExpertPool(hosts, capacity=1, device=torch.device("cpu"))
+    pool.load_now(0)
+    progress = [10]
+    pool.fence = lambda: progress[0]
+    pool.set_idle(False)
+    pool.release(0)
+    slot, gen = pool.assign(1)
+    done = threading.Event()
+    t = threading.Thread(target=lambda: (pool.fill(1, slot, gen), done.set()))
+    t.start()
+    assert not done.wait(0.1)  # the device may still read the slot for expert 0
+    assert pool.table_host[0, 1] == -1 and torch.equal(pool.pool[slot], hosts[0][0])
+    progress[0] = 10 + FENCE_LAYERS
+    assert done.wait(5)
+    assert pool.table_host[0, 1] == slot and torch.equal(pool.pool[slot], hosts[0][1])
+    pool.set_idle(True)  # idle: a release is refillable at once
+    pool.release(1)
+    slot, gen = pool.assign(0)
+    assert pool.fill(0, slot, gen)
+
+
+@pytest.mark.parametrize("arch", STATIC_CACHE_ARCHS)
+def test_decode_graph_eager_generates_like_the_full_model(arch):
+    ref = reference(arch)
+    model = fresh(arch)
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, hardware=TEST_HW, control="thread")
+    dg = DecodeGraph(rt, max_length=32)
+    assert not dg.capture  # CPU: the same step, run eagerly
+    out = dg.generate(torch.tensor([PROMPT]), 8)
+    assert torch.equal(out, ref.tokens)
+    trace = rt.trace()
+    assert trace.num_tokens == len(PROMPT) + 7 and trace.token_ids.tolist() == out[0, :-1].tolist()
+    s = rt.stats()
+    assert s["pool_reads"] + s["host_reads"] >= 7 * s["num_layers"] * s["top_k"]
+    rt.restore()
+
+
+def test_decode_graph_trace_and_counts_equal_the_inline_engine():
+    ref = reference("olmoe")
+    runs = []
+    for control in ("inline", "thread"):
+        model = fresh("olmoe")
+        rt = offload(model, 0.3, "affinity-style", train=ref.train, hardware=TEST_HW, control=control)
+        out = DecodeGraph(rt, 32).generate(torch.tensor([PROMPT]), 8) if control == "thread" else greedy(model)
+        s = rt.stats()
+        runs.append((out, rt.trace().expert_ids, (s["ready"], s["late"], s["misses"], s["prefetches"])))
+        rt.restore()
+    (o1, ids1, c1), (o2, ids2, c2) = runs
+    assert torch.equal(o1, o2) and np.array_equal(ids1, ids2) and c1 == c2
+
+
+def test_the_decode_step_reads_no_host_value(monkeypatch):
+    """What the graph captures: no Python-level read of a tensor's value anywhere in the step."""
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, hardware=TEST_HW, control="thread")
+    dg = DecodeGraph(rt, 32)
+    dg.generate(torch.tensor([PROMPT]), 2)
+    reads = []
+    for name in HOST_READS:
+        orig = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _n=name, _o=orig, **k: (reads.append(_n), _o(self, *a, **k))[1])
+    rt.controller.thread.launch()
+    rt.controller.graph_step = True
+    with torch.no_grad():
+        dg._step()
+    rt.controller.graph_step = False
+    monkeypatch.undo()
+    assert reads == []
+    rt.controller.end_posted()
+    assert rt.trace().num_tokens == len(PROMPT) + 2  # the step was posted and read by the control thread
+    rt.restore()
+
+
+def test_decode_graph_rejects_the_inline_engine_and_overlong_requests():
+    model = fresh("olmoe")
+    rt = offload(model, 0.5, control="inline")
+    with pytest.raises(UserError, match="control='thread'"):
+        DecodeGraph(rt, 16)
+    rt.restore()
+    rt = offload(model, 0.5, control="thread")
+    with pytest.raises(UserError, match="do not fit"):
+        DecodeGraph(rt, 8).generate(torch.tensor([PROMPT]), 8)
+    with pytest.raises(UserError, match="control must be"):
+        offload(fresh("olmoe"), 0.5, control="async")
+    rt.restore()
+
+
+# -- on a GPU ---------------------------------------------------------------------------------------
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@cuda
+def test_mapped_view_and_triton_gather_on_cuda():
+    from seqmoe.runtime.mapped import device_view
+
+    host = torch.randn(6, 1000, pin_memory=True)
+    view = device_view(host, torch.device("cuda"))
+    assert view.device.type == "cuda" and view.data_ptr() == host.data_ptr()
+    view[2].mul_(2.0)  # a device write lands in host memory
+    torch.cuda.synchronize()
+    pool = torch.randn(3, 1000, device="cuda")
+    slots = torch.tensor([1, -1, -1, 0], dtype=torch.int32, device="cuda")
+    ids = torch.tensor([0, 2, 5, 3], device="cuda")
+    out = gather_rows(pool, view, slots, ids, torch.empty(4, 1000, device="cuda"))
+    want = torch.stack([pool[1], host[2].cuda(), host[5].cuda(), pool[0]])
+    assert torch.equal(out, want)
+
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize("impl", ["batched_mm", "grouped_mm"])
+@pytest.mark.parametrize("system", ["on-demand-lru", "affinity-style"])
+def test_captured_decode_step_generates_like_the_full_model_on_cuda(system, impl):
+    import copy
+
+    ref = reference("olmoe")
+    full = copy.deepcopy(ref.model).to("cuda")
+    full.config._experts_implementation = impl
+    ids = torch.tensor([PROMPT], device="cuda")
+    want = full.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    model = fresh("olmoe")
+    model.config._experts_implementation = impl
+    rt = offload(model, 0.2, system, train=ref.train, device="cuda")
+    assert rt.control == "thread" and rt.pool.hosts[0].is_pinned()
+    dg = DecodeGraph(rt, 64)
+    got = dg.generate(ids, 16)
+    assert dg.graph is not None
+    assert torch.equal(got, want)
+    got2 = dg.generate(ids, 16)  # replays the same graph for a second request
+    assert torch.equal(got2, want)
+    s = rt.stats()
+    assert s["tokens"] == 2 * (len(PROMPT) + 15) and s["host_reads"] > 0 and s["pool_reads"] > 0
+    assert s["device_expert_bytes"] <= s["device_expert_bytes_limit"]
+    rt.restore()
