@@ -80,7 +80,7 @@ def run(args) -> list[dict]:
                             got, wall = _timed(lambda: gen(model))
                     s = rt.stats()
                     row.update(tokens_per_s=args.new_tokens / wall, equal=bool(torch.equal(got, want)),
-                               hit_rate=s["hit_rate"], host_reads=s["host_reads"], pool_reads=s["pool_reads"],
+                               hit_rate=s["hit_rate"], data_hit_rate=s["data_hit_rate"], host_reads=s["host_reads"], pool_reads=s["pool_reads"],
                                copies=s["copies"], decision_us_per_token=s["decision_us_per_token"],
                                host_us_per_token=s["host_us_per_token"])
                     rt.restore()
@@ -103,15 +103,18 @@ def sync_check(args, train, ids) -> dict:
         dg = DecodeGraph(rt, ids.shape[1] + 8, capture=False)
         with torch.no_grad():
             dg.generate(ids, 2)
-            rt.controller.thread.launch()
-            rt.pool.set_idle(False)
-            rt.controller.graph_step = True
-            torch.cuda.set_sync_debug_mode("error")
-            try:
-                dg._step()
-            finally:
-                torch.cuda.set_sync_debug_mode("default")
-                rt.controller.graph_step = False
+            rt.synchronize()  # the copy worker idle, and held so (its own stream syncs are not the step's)
+            with rt.worker._cv:
+                rt.controller.thread.launch()
+                rt.pool.set_idle(False)
+                rt.controller.graph_step = True
+                torch.cuda.set_sync_debug_mode("error")
+                try:
+                    dg._step()
+                finally:
+                    torch.cuda.set_sync_debug_mode("default")
+                    rt.controller.graph_step = False
+                    rt.controller.end_posted()
         rt.synchronize()
         row.update(ok=True, tokens=rt.stats()["tokens"])
         rt.restore()
@@ -135,11 +138,12 @@ def main() -> None:
     if args.systems is None:
         args.systems = ["on-demand-lru"] + (["seqmoe"] if args.predictor else [])
     rows = run(args)
-    print(f"\n{'engine':<24}{'residency':>10}  {'system':<15}{'tokens/s':>10}{'equal':>7}{'hit':>7}{'decide us/tok':>15}")
+    print(f"\n{'engine':<24}{'residency':>10}  {'system':<15}{'tokens/s':>10}{'equal':>7}{'hit':>7}{'data hit':>9}"
+          f"{'decide us/tok':>15}")
     for r in rows:
         if "tokens_per_s" in r:
             print(f"{r['engine']:<24}{r['residency']:>10}  {r['system']:<15}{r['tokens_per_s']:>10.1f}{str(r['equal']):>7}"
-                  f"{r.get('hit_rate', 1.0):>7.3f}{r.get('decision_us_per_token', 0):>15.0f}")
+                  f"{r.get('hit_rate', 1.0):>7.3f}{r.get('data_hit_rate', 1.0):>9.3f}{r.get('decision_us_per_token', 0):>15.0f}")
         else:
             print(f"{r['engine']:<24}{r['residency']:>10}  {r['system']:<15}  {r.get('error', 'ok' if r.get('ok') else '')}")
     if args.out:

@@ -164,6 +164,14 @@ class OffloadedExperts(torch.nn.Module):
         self._index_name = list(self._sig.parameters)[1]
         impl = getattr(getattr(original, "config", None), "_experts_implementation", None)
         self.slot_ok = impl in SLOT_INDEXED and hasattr(original, "has_gate")  # dispatched by transformers
+        self._posted_forward = type(original).forward
+        if impl == "grouped_mm" and pool.device.type == "cuda" and layout.dtype != torch.bfloat16:
+            # torch's grouped_mm serves only bf16 on the GPU itself; other dtypes take a fallback that
+            # copies the group offsets to the host, which a CUDA graph cannot hold. The K gathered
+            # rows are one expert per (token, k): batched_mm is the same products without it.
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+            self._posted_forward = ALL_EXPERTS_FUNCTIONS["batched_mm"]
         self.by_slot = self.slot_ok and (pool.device.type != "cpu" or layout.expert_bytes >= CPU_IN_PLACE_BYTES)
         self._slot_params = layout.views(pool.pool) if self.slot_ok else None
         self._table = pool.table[layer]
@@ -263,7 +271,8 @@ class OffloadedExperts(torch.nn.Module):
             bound = self._sig.bind(hidden_states, *args, **kwargs)
             index = bound.arguments[self._index_name]
         params = None
-        if self._control.posting and self.slot_ok and index.shape[0] == 1:
+        posted = self._control.posting and self.slot_ok and index.shape[0] == 1
+        if posted:
             params, n, new_index = self._posted(index)
         elif self.by_slot:
             params, n, new_index = self._by_slot(index)
@@ -285,11 +294,12 @@ class OffloadedExperts(torch.nn.Module):
             args, kwargs = bound.args[1:], bound.kwargs
         orig = self.original
         state = orig.__dict__
+        forward = self._posted_forward if posted else type(orig).forward
         t1 = time.perf_counter()
         try:
             state.update(params)  # plain attributes shadow nothing: the parameters were deleted
             state["num_experts"] = n
-            out = type(orig).forward(orig, hidden_states, *args, **kwargs)
+            out = forward(orig, hidden_states, *args, **kwargs)
         finally:
             for name in params:
                 state.pop(name, None)

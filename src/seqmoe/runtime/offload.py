@@ -166,6 +166,7 @@ class OffloadRuntime:
         self._catch_up()
         st, pool = self.controller.state, self.pool
         device_reads = pool.device_reads.tolist()
+        pool_reads, host_reads = pool.pool_reads + device_reads[0], pool.host_reads + device_reads[1]
         c = st.c
         n = c.ready + c.late + c.misses
         tokens = self.controller.num_tokens
@@ -182,7 +183,8 @@ class OffloadRuntime:
             "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,
             "bytes_copied": self.worker.copies * eb,
             "control": self.control,
-            "pool_reads": pool.pool_reads + device_reads[0], "host_reads": pool.host_reads + device_reads[1], "peak_gathered_experts": pool.peak_gathered,
+            "pool_reads": pool_reads, "host_reads": host_reads,
+            "data_hit_rate": pool_reads / (pool_reads + host_reads) if pool_reads + host_reads else 0.0, "peak_gathered_experts": pool.peak_gathered,
             "resident_experts": len(pool.resident()),
             "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
             "host_expert_bytes": pool.host_bytes,
