@@ -6,9 +6,11 @@
     runtime.stats(); runtime.trace(); runtime.restore()
 
 Data plane: `pool` (host blocks, slots, slot table), `experts` (the swapped-in experts module),
-`copier` (the copy worker). Control plane: `control` drives the simulator's state machine
-(`seqmoe.sim.replay.ReplayState`) from the routers' outputs, so the decisions are the simulator's.
-Needs torch (and transformers for the models).
+`mapped` (host memory the device reads in place; the slot-or-host gather), `copier` (the copy
+worker). Control plane: `control` drives the simulator's state machine
+(`seqmoe.sim.replay.ReplayState`) from the routers' outputs, so the decisions are the simulator's,
+either inline in the hooks or on its own thread (`driver`) fed by the routing `mailbox`; `graph`
+captures the decode step as a CUDA graph. Needs torch (and transformers for the models).
 """
 
 from seqmoe.runtime.offload import DEFAULT_HARDWARE, OffloadRuntime, live_systems, measure_profile, offload
