@@ -53,12 +53,14 @@ def test_mailbox_wait_blocks_until_the_post():
     assert got and got[0][0].tolist() == [3] and got[0][2] == 7
 
 
-def test_gather_rows_takes_the_slot_or_the_host_row():
+def test_gather_rows_takes_the_slot_or_the_host_row_and_counts_reads():
     pool = torch.arange(12.0).view(3, 4)
     host = -torch.arange(20.0).view(5, 4)
-    out = torch.empty(3, 4)
-    gather_rows(pool, host, torch.tensor([2, -1, 0], dtype=torch.int32), torch.tensor([4, 3, 1]), out)
-    assert torch.equal(out, torch.stack([pool[2], host[3], pool[0]]))
+    table = torch.tensor([0, 2, -1, -1, 1], dtype=torch.int32)  # expert -> slot
+    reads = torch.zeros(2, dtype=torch.int64)
+    out = gather_rows(pool, host, table, torch.tensor([4, 3, 0]), torch.empty(3, 4), reads)
+    assert torch.equal(out, torch.stack([pool[1], host[3], pool[0]]))
+    assert reads.tolist() == [2, 1]
 
 
 def test_a_released_slot_is_refilled_only_after_the_fence():
@@ -166,11 +168,40 @@ def test_mapped_view_and_triton_gather_on_cuda():
     view[2].mul_(2.0)  # a device write lands in host memory
     torch.cuda.synchronize()
     pool = torch.randn(3, 1000, device="cuda")
-    slots = torch.tensor([1, -1, -1, 0], dtype=torch.int32, device="cuda")
+    table = device_view(torch.tensor([1, -1, -1, 0, -1, -1], dtype=torch.int32, pin_memory=True), torch.device("cuda"))
     ids = torch.tensor([0, 2, 5, 3], device="cuda")
-    out = gather_rows(pool, view, slots, ids, torch.empty(4, 1000, device="cuda"))
+    reads = torch.zeros(2, dtype=torch.int64, device="cuda")
+    out = gather_rows(pool, view, table, ids, torch.empty(4, 1000, device="cuda"), reads)
     want = torch.stack([pool[1], host[2].cuda(), host[5].cuda(), pool[0]])
-    assert torch.equal(out, want)
+    assert torch.equal(out, want) and reads.tolist() == [2, 2]
+
+
+@pytest.mark.gpu
+@cuda
+def test_triton_post_equals_the_torch_ops_on_cuda():
+    from seqmoe.runtime import mapped
+
+    boxes = []
+    kernels = mapped._kernels()
+    assert kernels is not None  # CUDA torch ships triton
+    for triton_on in (True, False):
+        box = Mailbox(num_layers=2, top_k=3, device=torch.device("cuda"), ring=4)
+        mapped._KERNELS = kernels if triton_on else None
+        mapped._TRIED = True
+        try:
+            for step in range(5):
+                for layer in range(2):
+                    box.post(layer, torch.tensor([[step, layer, 7]], device="cuda"),
+                             torch.tensor([[0.5, 0.25, 0.25]], device="cuda", dtype=torch.bfloat16),
+                             torch.tensor([40 + step], device="cuda") if layer == 0 else None)
+        finally:
+            mapped._KERNELS = kernels
+        torch.cuda.synchronize()
+        boxes.append(box)
+        assert box.wait(4, 1)[0].tolist() == [4, 1, 7] and box.wait(4, 0)[2] == 44 and box.progress == 10
+    a, b = boxes
+    for x in ("ids_np", "weights_np", "tokens_np", "seq_np", "progress_np"):
+        assert np.array_equal(getattr(a, x), getattr(b, x)), x
 
 
 @pytest.mark.gpu

@@ -72,50 +72,100 @@ def _cupy_view(host: torch.Tensor, device: torch.device, why: BaseException) -> 
     return view
 
 
-def gather_rows(pool: torch.Tensor, host: torch.Tensor, slots: torch.Tensor, ids: torch.Tensor,
-                out: torch.Tensor) -> torch.Tensor:
-    """out[i] = pool[slots[i]] if slots[i] >= 0 else host[ids[i]]; `host` as seen by the device (`device_view`)."""
-    if out.device.type == "cuda":
-        _gather_rows_cuda(pool, host, slots, ids, out)
-    else:
-        hit = (slots >= 0).unsqueeze(1)
-        torch.where(hit, pool.index_select(0, slots.clamp(min=0).long()), host.index_select(0, ids.long()), out=out)
+def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
+                reads: torch.Tensor) -> torch.Tensor:
+    """out[i] = pool[table[ids[i]]] when that slot is >= 0, else host[ids[i]]; reads[0] += slot reads,
+    reads[1] += host reads. `host` and `table` as the device sees them (`device_view`)."""
+    if out.device.type == "cuda" and _kernels() is not None:
+        n, p = out.shape
+        _kernels()["gather"][(n, -(-p // _BLOCK))](pool, host, table, ids, out, reads, p, BLOCK=_BLOCK)
+        return out
+    slots = table.index_select(0, ids)
+    hit = slots >= 0
+    torch.where(hit.unsqueeze(1), pool.index_select(0, slots.clamp(min=0).long()), host.index_select(0, ids), out=out)
+    missed = (~hit).sum()
+    reads[1:].add_(missed)
+    reads[:1].add_(ids.shape[0] - missed)
     return out
 
 
-_KERNEL = None
+def post_routing(box, layer: int, ids: torch.Tensor, weights: torch.Tensor, token: torch.Tensor | None) -> None:
+    """Write one position's routing into the mailbox `box` (`Mailbox`'s device views) at `layer`, then
+    its (step, layer) number, then bump the device and host progress counters."""
+    if box.device.type == "cuda" and _kernels() is not None:
+        k = ids.shape[-1]
+        _kernels()["post"][(1,)](ids, weights, token if token is not None else ids, box.posts, box._d_ids,
+                                 box._d_weights, box._d_tokens, box._d_seq, box._d_progress, layer, box.L, box.R, k,
+                                 HAS_TOKEN=token is not None, BK=max(2, 1 << (k - 1).bit_length()))
+        return
+    step = torch.div(box.posts, box.L, rounding_mode="floor")
+    ring = torch.remainder(step, box.R)
+    at = ring * box.L + layer
+    box._d_ids.index_copy_(0, at, ids.reshape(1, box.K).to(torch.int32))
+    box._d_weights.index_copy_(0, at, weights.reshape(1, box.K).to(torch.float32))
+    if token is not None:
+        box._d_tokens.index_copy_(0, ring, token.reshape(1).to(torch.int64))
+    box._d_seq.index_copy_(0, at, step)  # a later op: the host reads the routing as complete
+    box.posts.add_(1)
+    box._d_progress.copy_(box.posts)
 
 
-def _gather_rows_cuda(pool, host, slots, ids, out) -> None:
-    global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _build_kernel()
-    n, p = out.shape
-    block = 1024
-    _KERNEL[(n, triton_cdiv(p, block))](pool, host, slots, ids, out, p, BLOCK=block)
+_BLOCK = 1024
+_KERNELS: dict | None = None
+_TRIED = False
 
 
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def _kernels() -> dict | None:
+    """The Triton kernels, built once; None (torch ops instead, slower: a miss-tolerant gather then
+    reads every routed row from the host too) when triton is missing."""
+    global _KERNELS, _TRIED
+    if not _TRIED:
+        _TRIED = True
+        try:
+            _KERNELS = _build_kernels()
+        except ImportError:
+            import warnings
+
+            warnings.warn("triton is not installed: the CUDA decode step uses slower torch ops (pip install triton)",
+                          stacklevel=3)
+    return _KERNELS
 
 
-def _build_kernel():
-    try:
-        import triton
-        import triton.language as tl
-    except ImportError as e:  # CUDA torch ships triton; a custom build may not
-        raise UserError("the CUDA runtime path needs triton (pip install triton) for the miss-tolerant expert gather") from e
+def _build_kernels() -> dict:
+    import triton
+    import triton.language as tl
 
     @triton.jit
-    def gather(pool, host, slots, ids, out, P, BLOCK: tl.constexpr):
+    def gather(pool, host, table, ids, out, reads, P, BLOCK: tl.constexpr):
         row = tl.program_id(0)
-        cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        chunk = tl.program_id(1)
+        cols = chunk * BLOCK + tl.arange(0, BLOCK)
         mask = cols < P
-        slot = tl.load(slots + row).to(tl.int64)
+        e = tl.load(ids + row).to(tl.int64)
+        slot = tl.load(table + e).to(tl.int64)
         if slot >= 0:
             vals = tl.load(pool + slot * P + cols, mask=mask)
         else:
-            vals = tl.load(host + tl.load(ids + row).to(tl.int64) * P + cols, mask=mask)
+            vals = tl.load(host + e * P + cols, mask=mask)
         tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
+        if chunk == 0:
+            tl.atomic_add(reads + (slot < 0).to(tl.int64), 1)
 
-    return gather
+    @triton.jit
+    def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, progress, layer, L, R, K,
+             HAS_TOKEN: tl.constexpr, BK: tl.constexpr):
+        n = tl.load(posts)
+        step = n // L
+        at = (step % R) * L + layer
+        k = tl.arange(0, BK)
+        m = k < K
+        tl.store(box_ids + at * K + k, tl.load(ids + k, mask=m).to(tl.int32), mask=m)
+        tl.store(box_w + at * K + k, tl.load(weights + k, mask=m).to(tl.float32), mask=m)
+        if HAS_TOKEN:
+            tl.store(box_tok + step % R, tl.load(token).to(tl.int64))
+        tl.debug_barrier()  # every thread's routing stores happen before the release below
+        tl.atomic_xchg(box_seq + at, step, sem="release", scope="sys")  # the host sees routing, then the number
+        tl.store(posts, n + 1)
+        tl.atomic_xchg(progress, n + 1, sem="release", scope="sys")
+
+    return {"gather": gather, "post": post}

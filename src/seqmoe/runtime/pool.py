@@ -215,15 +215,11 @@ class ExpertPool:
         """[K, P] rows of one position's routed `ids` [K] (device tensor), with no host value read:
         each from its slot, or on a miss from the mapped host block (`mapped.gather_rows`). The
         reads are counted on the device (`device_reads`). The buffer is shared by all layers."""
-        slots = self.table[layer].index_select(0, ids)
         n = ids.shape[0]
         if self._staging is None or self._staging.shape[0] != n:
             self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
-        missed = (slots < 0).sum()
-        self.device_reads[1:].add_(missed)
-        self.device_reads[:1].add_(n - missed)
-        return gather_rows(self.pool, self.hosts_device[layer], slots, ids, self._staging)
+        return gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids, self._staging, self.device_reads)
 
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""
