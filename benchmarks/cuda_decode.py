@@ -60,8 +60,7 @@ def run(args) -> list[dict]:
         want, wall = _timed(lambda: gen(full))
     rows = [{"engine": "full model", "residency": 1.0, "system": "-", "tokens_per_s": args.new_tokens / wall,
              "equal": True}]
-    if args.device == "cuda":
-        rows.append(full_graph(full, ids, want, args.new_tokens))
+    rows.append(full_graph(full, ids, want, args.new_tokens))
     full = None  # free the device memory before the offloaded runs
     for residency in args.residencies:
         for system in args.systems:
@@ -97,55 +96,14 @@ def run(args) -> list[dict]:
 
 
 def full_graph(model, ids, want, new_tokens: int) -> dict:
-    """The full model's own decode step captured as a CUDA graph (static cache): the full-load speed to match."""
-    from transformers import StaticCache
-
+    """The full model's own decode step captured as a CUDA graph (`DecodeGraph` on the plain model):
+    the full-load speed to match."""
     row = {"engine": "full model, graph", "residency": 1.0, "system": "-"}
     try:
-        n = ids.shape[1]
-        cache = StaticCache(config=model.config, max_cache_len=n + new_tokens)
-        token = torch.zeros((1, 1), dtype=torch.long, device="cuda")
-        pos = torch.zeros((1,), dtype=torch.long, device="cuda")
-        out = torch.zeros((1, n + new_tokens), dtype=torch.long, device="cuda")
-
-        def step():
-            logits = model(input_ids=token, position_ids=pos.view(1, 1), cache_position=pos, past_key_values=cache,
-                           use_cache=True).logits
-            nxt = logits[:, -1].argmax(-1).view(1, 1)
-            pos.add_(1)
-            out.index_copy_(1, pos, nxt)
-            token.copy_(nxt)
-
-        def prefill():
-            cache.reset()
-            logits = model(input_ids=ids, cache_position=torch.arange(n, device="cuda"), past_key_values=cache,
-                           use_cache=True).logits
-            out[0, :n] = ids[0]
-            out[0, n] = logits[0, -1].argmax(-1)
-            token[0, 0] = out[0, n]
-            pos.fill_(n)
-
+        dg = DecodeGraph(model, ids.shape[1] + new_tokens)
         with torch.no_grad():
-            prefill()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
-            prefill()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                step()
-
-            def run():
-                prefill()
-                for _ in range(new_tokens - 1):
-                    graph.replay()
-                return out.clone()
-
-            run()
-            got, wall = _timed(run)
+            dg.generate(ids, new_tokens)  # captures
+            got, wall = _timed(lambda: dg.generate(ids, new_tokens))
         row.update(tokens_per_s=new_tokens / wall, equal=bool(torch.equal(got, want)))
     except Exception as e:
         row["error"] = repr(e)[:300]

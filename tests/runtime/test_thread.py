@@ -102,6 +102,11 @@ def test_decode_graph_eager_generates_like_the_full_model(arch):
     rt.restore()
 
 
+def test_decode_graph_of_a_plain_model_is_the_full_load_baseline():
+    ref = reference("qwen3_moe")
+    assert torch.equal(DecodeGraph(fresh("qwen3_moe"), 32).generate(torch.tensor([PROMPT]), 8), ref.tokens)
+
+
 def test_decode_graph_trace_and_counts_equal_the_inline_engine():
     ref = reference("olmoe")
     runs = []
@@ -216,6 +221,8 @@ def test_captured_decode_step_generates_like_the_full_model_on_cuda(system, impl
     full.config._experts_implementation = impl
     ids = torch.tensor([PROMPT], device="cuda")
     want = full.generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    if impl == "batched_mm":  # the full model's own captured step (grouped_mm fp32 cannot be captured)
+        assert torch.equal(DecodeGraph(full, 64).generate(ids, 16), want)
     model = fresh("olmoe")
     model.config._experts_implementation = impl
     rt = offload(model, 0.2, system, train=ref.train, device="cuda")

@@ -2,6 +2,7 @@
 
     runtime = seqmoe.offload(model, residency=0.3, system="seqmoe", device="cuda", ...)   # control="thread"
     tokens = DecodeGraph(runtime, max_length=512).generate(input_ids, max_new_tokens=64)
+    tokens = DecodeGraph(plain_model, max_length=512).generate(input_ids, 64)   # the full-load baseline
 
 The prompt runs eagerly (its routing is fed to the state machine inline, after the control thread
 has caught up). The decode step (a one-token forward against a transformers `StaticCache`, the
@@ -25,21 +26,23 @@ from seqmoe.errors import UserError
 
 
 class DecodeGraph:
-    """Greedy generation for an offloaded model (`control="thread"`), batch 1, up to `max_length` tokens.
+    """Greedy generation, batch 1, up to `max_length` tokens, for an offloaded model or a plain one.
 
     Args:
-        runtime: from `seqmoe.offload(..., control="thread")`.
+        target: an `OffloadRuntime` from `seqmoe.offload(..., control="thread")`, or a plain
+            transformers causal LM (then nothing is offloaded: the full-load baseline).
         max_length: prompt plus new tokens, at most (the static cache's length).
         capture: capture the decode step as a CUDA graph (default: on CUDA).
     """
 
-    def __init__(self, runtime, max_length: int, capture: bool | None = None) -> None:
-        if runtime.control != "thread":
-            raise UserError("DecodeGraph needs the control plane on its own thread: offload(..., control='thread')")
+    def __init__(self, target, max_length: int, capture: bool | None = None) -> None:
         from transformers import StaticCache
 
-        self.runtime, self.model = runtime, runtime.model
-        self.device = runtime.pool.device
+        self.runtime = target if hasattr(target, "controller") else None
+        if self.runtime is not None and self.runtime.control != "thread":
+            raise UserError("DecodeGraph needs the control plane on its own thread: offload(..., control='thread')")
+        self.model = target.model if self.runtime is not None else target
+        self.device = self.runtime.pool.device if self.runtime is not None else next(self.model.parameters()).device
         self.max_length = max_length
         self.capture = self.device.type == "cuda" if capture is None else capture
         if self.capture and self.device.type != "cuda":
@@ -63,12 +66,19 @@ class DecodeGraph:
     def _snapshot(self) -> list[torch.Tensor]:
         """Device state a warm-up step changes besides the KV rows it rewrites identically."""
         lengths = [getattr(layer, "cumulative_length", None) for layer in getattr(self.cache, "layers", [])]
-        return [t for t in [self.token, self.pos, self.out, self.runtime.pool.device_reads] + lengths
-                if isinstance(t, torch.Tensor)]
+        reads = [self.runtime.pool.device_reads] if self.runtime is not None else []
+        return [t for t in [self.token, self.pos, self.out] + reads + lengths if isinstance(t, torch.Tensor)]
+
+    def _posting(self, on: bool, muted: bool = False) -> None:
+        """Tell an offloaded model's hooks that DecodeGraph runs (and launched) the decode step."""
+        if self.runtime is not None:
+            ctrl = self.runtime.controller
+            ctrl.graph_step, ctrl.mailbox.muted = on, muted
+            if not on:
+                ctrl.end_posted()
 
     def _capture(self) -> None:
-        ctrl = self.runtime.controller
-        ctrl.graph_step, ctrl.mailbox.muted = True, True
+        self._posting(True, muted=True)
         try:
             state = self._snapshot()
             saved = [t.clone() for t in state]
@@ -80,14 +90,13 @@ class DecodeGraph:
                     for t, s in zip(state, saved):
                         t.copy_(s)
             torch.cuda.current_stream(self.device).wait_stream(side)
-            ctrl.mailbox.muted = False
+            self._posting(True)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
                 self._step()
             self.graph = graph
         finally:
-            ctrl.graph_step, ctrl.mailbox.muted = False, False
-            ctrl.end_posted()
+            self._posting(False)
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -107,20 +116,22 @@ class DecodeGraph:
         self.token[0, 0] = self.out[0, n]
         if self.capture and self.graph is None and max_new_tokens > 1:
             self._capture()
-        ctrl, pool = self.runtime.controller, self.runtime.pool
+        rt = self.runtime
         for _ in range(max_new_tokens - 1):
-            ctrl.thread.launch()
-            pool.set_idle(False)
+            if rt is not None:
+                rt.controller.thread.launch()
+                rt.pool.set_idle(False)
             if self.graph is not None:
                 self.graph.replay()
             else:
-                ctrl.graph_step = True  # the hooks post without asking the cache whether this is a decode step
+                self._posting(True)  # the hooks post without asking the cache whether this is a decode step
                 try:
                     self._step()
                 finally:
-                    ctrl.graph_step = False
+                    self._posting(False)
             self.steps += 1
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
-        pool.set_idle(True)
+        if rt is not None:
+            rt.pool.set_idle(True)
         return self.out[:, :n + max_new_tokens].clone()
