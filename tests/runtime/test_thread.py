@@ -237,3 +237,40 @@ def test_captured_decode_step_generates_like_the_full_model_on_cuda(system, impl
     assert s["tokens"] == 2 * (len(PROMPT) + 15) and s["host_reads"] > 0 and s["pool_reads"] > 0
     assert s["device_expert_bytes"] <= s["device_expert_bytes_limit"]
     rt.restore()
+
+
+def test_a_decode_forward_failing_midway_is_reported_at_once():
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.5, "on-demand-lru", train=ref.train, control="thread")
+    out = model(torch.tensor([PROMPT]), use_cache=True)  # a prompt: inline
+    router = rt._blocks[1].gate
+
+    def boom(module, args, output):
+        raise ValueError("injected")
+
+    handle = router.register_forward_hook(boom)  # after the runtime's hook: layer 1 is posted, then it raises
+    with pytest.raises(ValueError, match="injected"):
+        model(torch.tensor([[5]]), past_key_values=out.past_key_values, use_cache=True)
+    handle.remove()
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="stopped after 2 of 3"):
+        rt.trace()
+    assert time.perf_counter() - t0 < 5
+    with pytest.raises(RuntimeError, match="stopped after"):
+        rt.restore()  # still restores, then says what went wrong
+    assert torch.equal(greedy(model), ref.tokens)
+
+
+def test_an_error_in_the_control_thread_reaches_the_model_thread():
+    model = fresh("olmoe")
+    rt = offload(model, 0.5, control="thread")
+    greedy(model)
+    ctrl = rt.controller
+    ctrl.thread.launch()
+    for layer in range(ctrl.L):  # a step whose routing names an expert the model does not have
+        ctrl.mailbox.post(layer, torch.full((1, ctrl.K), ctrl.E), torch.ones(1, ctrl.K), torch.tensor([1]))
+    with pytest.raises(RuntimeError, match="control thread failed"):
+        rt.stats()
+    with pytest.raises(RuntimeError):
+        rt.restore()

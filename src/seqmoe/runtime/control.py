@@ -83,6 +83,7 @@ class Controller:
         self.posting = False  # a decode forward posting to the mailbox is running (thread mode)
         self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
         self._token_input: torch.Tensor | None = None
+        self._posted = 0  # layers the running posting forward has posted
         self._step: tuple[np.ndarray, np.ndarray] | None = None
 
     def attach(self, state: ReplayState, pool: ExpertPool, worker: CopyWorker) -> None:
@@ -161,10 +162,15 @@ class Controller:
         if not self.graph_step:
             self.thread.launch()
         self.pool.set_idle(False)
-        self.posting, self._token_input = True, token_input
+        self.posting, self._token_input, self._posted = True, token_input, 0
 
     def end_posted(self) -> None:
-        """The posting forward returned (model thread); on the CPU its reads are then all done."""
+        """The posting forward returned or raised (model thread); on the CPU its reads are then all
+        done. A forward that posted fewer than L layers (it raised midway) leaves the control thread
+        waiting for routing that never comes: it is failed, so the next call says so at once."""
+        if self.posting and self._posted != self.L:
+            self.thread.fail(RuntimeError(f"a decode forward stopped after {self._posted} of {self.L} MoE layers; "
+                                          "the runtime lost that step: restore() and offload the model again"))
         self.posting, self._token_input = False, None
         if self.pool.device.type == "cpu":
             self.pool.set_idle(True)
@@ -172,6 +178,7 @@ class Controller:
     def post(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
         """Router hook of a posting forward: device ops only."""
         self.mailbox.post(layer, ids, weights, self._token_input if layer == 0 else None)
+        self._posted += 1
 
     def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, token: int | None) -> None:
         """One layer of a posted decode step, in order (control thread): what `route` and

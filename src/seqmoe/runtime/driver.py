@@ -49,6 +49,14 @@ class ControlThread:
                 raise RuntimeError(f"the control plane waited {timeout} s for decode step {self.done}'s routing; a "
                                    "forward probably failed midway: offload the model again")
 
+    def fail(self, error: BaseException) -> None:
+        """Stop consuming: `error` is raised at the next `launch` or `catch_up` (model thread)."""
+        with self._cv:
+            if self._error is None:
+                self._error = error
+            self._stop = True
+            self._cv.notify_all()
+
     def _check(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"the control thread failed: {self._error!r}") from self._error
@@ -68,9 +76,7 @@ class ControlThread:
                     with self.lock:
                         self.controller.decode_layer(layer, ids, weights, token)
             except BaseException as e:  # surfaced on the model thread
-                with self._cv:
-                    self._error = e
-                    self._cv.notify_all()
+                self.fail(e)
                 return
             with self._cv:
                 self.done += 1

@@ -201,7 +201,11 @@ class OffloadRuntime:
         being managed (every expert then reads from wherever its table entry points)."""
         if self.closed:
             return
-        self._catch_up()
+        error = None
+        try:
+            self._catch_up()
+        except RuntimeError as e:  # the control thread failed: still shut everything down, then say so
+            error = e
         self.pool.set_idle(True)
         if self.controller.thread is not None:
             self.controller.thread.close()
@@ -209,16 +213,20 @@ class OffloadRuntime:
         for h in self._hooks:
             h.remove()
         self.closed = True
+        if error is not None:
+            raise error
 
     def restore(self) -> None:
         """`close()`, then put the original experts modules back with their weights on the pool's device."""
         if self._restored:
             return
-        self.close()
-        for block, orig, layout, host in zip(self._blocks, self._originals, self._layouts, self.pool.hosts):
-            layout.unpack(orig, host, self.pool.device)
-            block.experts = orig
-        self._restored = True
+        try:
+            self.close()
+        finally:
+            for block, orig, layout, host in zip(self._blocks, self._originals, self._layouts, self.pool.hosts):
+                layout.unpack(orig, host, self.pool.device)
+                block.experts = orig
+            self._restored = True
 
 
 def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, device=None, predictor=None,
