@@ -84,7 +84,7 @@ class Controller:
         self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
         self._token_input: torch.Tensor | None = None
         self._posted = 0  # layers the running posting forward has posted
-        self._step: tuple[np.ndarray, np.ndarray] | None = None
+        self._step: tuple[np.ndarray, np.ndarray, int | None] | None = None  # the decode step being read
 
     def attach(self, state: ReplayState, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = state, pool, worker
@@ -310,8 +310,8 @@ def _router_hook(controller: Controller, layer: int):
         _, weights, ids = unpack_router_output(module, output)
         if controller.posting:
             controller.post(layer, ids, weights)
-            return
-        controller.route(layer, _host(ids), _host(weights))  # cast to int16 / float32 by the controller
+        else:
+            controller.route(layer, _host(ids), _host(weights))  # cast to int16 / float32 by the controller
         controller.host_s += time.perf_counter() - t0
 
     return hook

@@ -9,7 +9,8 @@ runtime packs one expert's slices of all of them into one contiguous row of P nu
 In a decode step that posts its routing (`control="thread"`: no host synchronisation, capturable
 as a CUDA graph) it gathers the K routed rows on the device, each from its slot or, on a miss, from
 the mapped host block (`ExpertPool.gather_posted`), and runs the original forward on them with the
-routed ids replaced by 0..K-1: static shapes, no host value read. Otherwise, when every routed expert is in a published slot and the implementation does not depend on expert
+routed ids replaced by 0..K-1: static shapes, no host value read. Otherwise, when every routed
+expert is in a published slot and the implementation does not depend on expert
 numbering (grouped_mm, batched_mm: the default), it can run the *original module's own forward* on
 views of a window of at most E pool slots with the routed ids replaced by slot offsets: no copy
 (on CUDA, or on the CPU for experts of 1 MiB or more; `CPU_IN_PLACE_BYTES`). Otherwise it gathers

@@ -26,8 +26,8 @@ from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hard
 from seqmoe.runtime.control import Controller, install_hooks
 from seqmoe.runtime.copier import CopyWorker
 from seqmoe.runtime.driver import ControlThread
-from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
+from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
 from seqmoe.sim.placement import capacity_for, start_placement
 from seqmoe.sim.replay import ReplayState
@@ -184,7 +184,8 @@ class OffloadRuntime:
             "bytes_copied": self.worker.copies * eb,
             "control": self.control,
             "pool_reads": pool_reads, "host_reads": host_reads,
-            "data_hit_rate": pool_reads / (pool_reads + host_reads) if pool_reads + host_reads else 0.0, "peak_gathered_experts": pool.peak_gathered,
+            "data_hit_rate": pool_reads / (pool_reads + host_reads) if pool_reads + host_reads else 0.0,
+            "peak_gathered_experts": pool.peak_gathered,
             "resident_experts": len(pool.resident()),
             "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
             "host_expert_bytes": pool.host_bytes,
