@@ -41,12 +41,6 @@ def test_bad_arguments_are_user_errors_and_leave_the_model_intact(kwargs, match)
     assert sum(p.numel() for p in model.parameters()) == before
 
 
-def test_prefetching_system_needs_one_spare_slot():
-    model = fresh("mixtral")  # 3 x 8 experts, top-2: residency 0.1 gives 2 slots
-    with pytest.raises(UserError, match="top-k \\+ 1"):
-        offload(model, 0.1, "affinity-style", train=reference("mixtral").train)
-
-
 def test_train_trace_of_another_shape_is_rejected():
     with pytest.raises(UserError, match="collect it from this model"):
         offload(fresh("mixtral"), 0.5, "affinity-style", train=reference("qwen2_moe").train)

@@ -49,6 +49,21 @@ def test_counts_equal_the_simulators(system, control):
     rt.restore()
 
 
+@pytest.mark.parametrize("control", ["inline", "thread"])
+def test_a_prefetching_system_runs_with_only_top_k_slots(control):
+    """3 x 8 experts, top-2, residency 0.1: 2 slots, so a prefetch in flight can hold the slot a
+    demand copy needs (the simulator then lets it land and evicts it)."""
+    rt, ref = _run("mixtral", "affinity-style", 0.1, control=control)
+    assert rt.capacity == 2
+    assert torch.equal(greedy(rt.model), ref.tokens)
+    trace, c = _replay(rt, ref.train)
+    s = rt.stats()
+    assert (s["ready"], s["late"], s["misses"], s["prefetches"], s["wasted_copies"]) == (
+        c.ready, c.late, c.misses, c.prefetches, c.wasted_copies)
+    assert s["prefetches"] > 0
+    rt.restore()
+
+
 def test_prefetching_system_has_ready_and_late_hits():
     """The test cost model exercises every kind of activation, so the equality above means something."""
     rt, ref = _run("olmoe", "affinity-style", 0.3)

@@ -113,3 +113,17 @@ def test_start_placement_is_most_used_first_ties_by_lower_uid():
 
     t = RoutingTrace(expert_ids=ids, request_offsets=np.array([0, 5]), meta=TraceMeta(num_experts=4))
     assert start_placement(t, 3) == [2, 0, 1]
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 1000))
+def test_prefetching_systems_run_with_only_top_k_slots(seed):
+    """At C = K a prefetch in flight can pin the one slot a demand copy needs: the demand copy waits
+    for it to land (it would queue behind it anyway) and evicts it, a wasted copy."""
+    train, test = make_trace(seed=seed), make_trace(seed=seed + 1, num_tokens=60)
+    residency = test.top_k / (test.num_layers * test.num_experts)
+    for name in baselines():  # each used to stop with "slots are all copying" on some of these traces
+        c, m = replay(name, train, test, residency)
+        assert m["activations"] == test.num_tokens * test.num_layers * test.top_k
+        assert m["ready_rate"] + m["late_rate"] + m["miss_rate"] == pytest.approx(1.0)
+        assert m["copies"] >= m["misses"] and m["time_s"] >= m["full_load_time_s"] - 1e-12

@@ -275,11 +275,6 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     sys_obj = build_system(system, SystemInputs(train=train or dims, test=dims, capacity=C, start=tuple(start),
                                                 predictor=predictor))
-    if sys_obj.prefetcher is not None and C < K + 1:
-        # A running prefetch pins its slot until it lands; with only K slots the next layer's demand
-        # copies could find no slot (the simulator stops with "slots are all copying").
-        raise UserError(f"system {system!r} prefetches and needs at least top-k + 1 = {K + 1} slots, but residency "
-                        f"{residency} gives {C}; use residency >= {(K + 1) / (L * E):.4g} or an on-demand system")
     if len(start) == L * E:
         # Every expert is resident for good: no prefetch, load or eviction can happen, so the counts
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's

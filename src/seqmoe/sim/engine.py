@@ -94,6 +94,10 @@ class CopyEngine:
         del self._queued[uid]
         return uid
 
+    def running_until(self) -> float | None:
+        """When the copy in progress ends, or None when none runs."""
+        return self._running[-1][0] if self._running else None
+
     def is_queued(self, uid: int) -> bool:
         return uid in self._queued
 

@@ -160,6 +160,23 @@ class ReplayState:
         self._free_cancelled(uid)
         return True
 
+    def _await_running(self, uid: int, needed: list[int], added: list[int]) -> bool:
+        """Every slot holds this layer's experts or a copy already started (at capacity K with a
+        prefetch in flight). The demand copy of `uid` would queue behind the running copy anyway:
+        let that copy land first (a prefetch for a later layer then becomes evictable, its copy
+        wasted; an expert of this layer stays pinned to the layer's end) and make room."""
+        t = self.engine.running_until()
+        if t is None:
+            return False
+        keep = set(needed)
+        for u in self.engine.advance(t):
+            self._pending.discard(u)
+            if u in keep:
+                added.append(u)  # unpinned with the layer's other experts at its end
+            else:
+                self.pinned.discard(u)
+        return self._make_room(uid)
+
     def _free_cancelled(self, uid: int) -> None:
         """A queued prefetch of `uid` was cancelled before its copy started: give its slot back."""
         self.system.policy.remove(uid)
@@ -222,7 +239,7 @@ class ReplayState:
             if present[uid]:
                 continue
             c.misses += 1
-            if not self._make_room(uid) and not self._reclaim_prefetch(needed):
+            if not (self._make_room(uid) or self._reclaim_prefetch(needed) or self._await_running(uid, needed, added)):
                 raise UserError(f"no slot can be freed at position {step}: {self.capacity} slots are all copying")
             self._load(uid, step)
             engine.demand(uid, reveal)
