@@ -47,19 +47,29 @@ class SystemSpec:
     build: Callable[[SystemInputs], System]
     needs_predictor: bool
     """Needs a trained seq2seq forecaster (`SystemInputs.predictor`)."""
+    learns: bool
+    """Learns from the training trace (statistics, start placement); the runtime then needs `train=`."""
+    reads_future: bool
+    """An oracle: reads the replayed trace's future, so it cannot run live."""
 
 
 SYSTEMS: dict[str, SystemSpec] = {}
 
 
-def register_system(name: str, summary: str, *, needs_predictor: bool = False):
+def register_system(name: str, summary: str, *, needs_predictor: bool = False, learns: bool = True,
+                    reads_future: bool = False):
     """Decorator: register `fn(inputs) -> System` under `name`."""
 
     def deco(fn):
-        SYSTEMS[name] = SystemSpec(name, summary, fn, needs_predictor)
+        SYSTEMS[name] = SystemSpec(name, summary, fn, needs_predictor, learns, reads_future)
         return fn
 
     return deco
+
+
+def oracles() -> list[str]:
+    """The systems that read the future of the trace (upper bounds, not realisable)."""
+    return [n for n, spec in SYSTEMS.items() if spec.reads_future]
 
 
 def baselines() -> list[str]:
@@ -74,23 +84,23 @@ def build_system(name: str, inputs: SystemInputs) -> System:
     return SYSTEMS[name].build(inputs)
 
 
-@register_system("on-demand-lru", "no prefetch; evict the least recently used expert")
+@register_system("on-demand-lru", "no prefetch; evict the least recently used expert", learns=False)
 def _lru(inp: SystemInputs) -> System:
     return System("on-demand-lru", LRUPolicy())
 
 
-@register_system("on-demand-lfu", "no prefetch; evict the least frequently used expert")
+@register_system("on-demand-lfu", "no prefetch; evict the least frequently used expert", learns=False)
 def _lfu(inp: SystemInputs) -> System:
     return System("on-demand-lfu", LFUPolicy())
 
 
-@register_system("belady", "no prefetch; oracle eviction of the expert used furthest in the future")
+@register_system("belady", "no prefetch; oracle eviction of the expert used furthest in the future", reads_future=True)
 def _belady(inp: SystemInputs) -> System:
     t = inp.test
     return System("belady", BeladyPolicy(FutureUses(t.uids(), t.num_layers * t.num_experts)))
 
 
-@register_system("mixtral-offloading-style", "no prefetch; LRU within equal per-layer groups")
+@register_system("mixtral-offloading-style", "no prefetch; LRU within equal per-layer groups", learns=False)
 def _mixtral_offloading(inp: SystemInputs) -> System:
     t = inp.train
     return System("mixtral-offloading-style",
@@ -108,7 +118,8 @@ def _affinity(inp: SystemInputs) -> System:
     return System("affinity-style", LRUPolicy(), AffinityPredictor(inp.train), GreedyPrefetcher(min_prob=0.3))
 
 
-@register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction")
+@register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction",
+                 reads_future=True)
 def _oracle(inp: SystemInputs) -> System:
     t = inp.test
     uids = t.uids()
@@ -172,7 +183,8 @@ def _seqmoe_markov(inp: SystemInputs) -> System:
     return System("seqmoe-markov-forecast", policy, AffinityPredictor(inp.train), DeadlinePrefetcher(policy))
 
 
-@register_system("seqmoe-oracle-forecast", "seqmoe's scheduler and eviction fed the true next 20 tokens: its upper bound")
+@register_system("seqmoe-oracle-forecast", "seqmoe's scheduler and eviction fed the true next 20 tokens: its upper bound",
+                 reads_future=True)
 def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
     t = inp.test
     policy = ForecastPolicy.from_trace(inp.train)

@@ -9,6 +9,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from seqmoe._files import atomic_path
+from seqmoe import systems
 from seqmoe.errors import UserError
 
 METRICS = {
@@ -18,8 +19,6 @@ METRICS = {
 }
 
 
-ORACLES = ("belady", "oracle-prefetch", "seqmoe-oracle-forecast")
-"""Systems that read the future: drawn as grey dashed references."""
 
 
 def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> list[Path]:
@@ -43,12 +42,13 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
     first = rows[0]
     where = f"{first.get('model_profile', {}).get('name', '?')} on {first.get('hardware_profile', {}).get('name', '?')}, {first.get('num_tokens', '?')} tokens"
     written = []
+    oracles = set(systems.oracles())  # drawn as grey dashed references
     for key, label in METRICS.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
         colors = iter(plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2])
         for name, pts in series.items():
             pts = sorted(pts, key=lambda r: r["residency"])
-            style = dict(ls="--", marker="x", color="0.35" if name == "belady" else "0.6") if name in ORACLES \
+            style = dict(ls="--", marker="x", color="0.35" if name == "belady" else "0.6") if name in oracles \
                 else dict(marker="o", color=next(colors), lw=2.5 if name == "seqmoe" else 1.5)
             ax.plot([p["residency"] for p in pts], [p[key] for p in pts], label=name, **style)
         ax.set_xlabel("residency (fraction of experts on the device)")

@@ -36,31 +36,27 @@ from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 DEFAULT_HARDWARE = "h100-pcie5"
 """Hardware profile of the virtual clock when none is given."""
-ORACLES = frozenset({"belady", "oracle-prefetch", "seqmoe-oracle-forecast"})
-"""Systems that read the future of the replayed trace: impossible live."""
-TRAIN_FREE = frozenset({"on-demand-lru", "on-demand-lfu", "mixtral-offloading-style"})
-"""Systems that learn nothing from a training trace; every other one needs `train=`."""
 
 
 def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[str]:
     """Systems the runtime can run (no oracle): those that need a `train=` trace only if `with_train`,
     those that need the seq2seq forecaster (`predictor=`) only if `with_predictor`."""
-    return [n for n, s in SYSTEMS.items() if n not in ORACLES and (with_predictor or not s.needs_predictor)
-            and (with_train or n in TRAIN_FREE)]
+    return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
+            and (with_train or not s.learns)]
 
 
 def _check_system(system: str, train: RoutingTrace | None, predictor) -> None:
     choices = ", ".join(live_systems(with_predictor=True))
     if system not in SYSTEMS:
         raise UserError(f"unknown system {system!r}; choose one of: {choices}")
-    if system in ORACLES:
+    if SYSTEMS[system].reads_future:
         raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: {choices}")
     if SYSTEMS[system].needs_predictor and predictor is None:
         raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor=DIR (a checkpoint of "
                         "`seqmoe train` on a trace of this model) or a SeqPredictor")
-    if system not in TRAIN_FREE and train is None:
+    if SYSTEMS[system].learns and train is None:
         raise UserError(f"system {system!r} learns from a routing trace of this model: pass train=RoutingTrace "
-                        "(seqmoe.collect.collect_trace), or choose one of: " + ", ".join(sorted(TRAIN_FREE)))
+                        "(seqmoe.collect.collect_trace), or choose one of: " + ", ".join(live_systems(with_train=False)))
 
 
 def _load_predictor(predictor, L: int, E: int, K: int):
