@@ -22,7 +22,7 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.runtime.mapped import device_view, post_routing
+from seqmoe.runtime.mapped import device_view, post_kernel
 
 RING = 64
 """Decode steps the mailbox holds."""
@@ -64,7 +64,23 @@ class Mailbox:
         Device ops only (no host value is read): safe inside a captured decode step."""
         if self.muted:
             return
-        post_routing(self, layer, ids.reshape(-1), weights.reshape(-1), None if token is None else token.reshape(-1))
+        ids, weights = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()  # kernels index flat memory
+        kernel = post_kernel(self.device)
+        if kernel is not None:  # one Triton kernel (CUDA)
+            kernel[(1,)](ids, weights, token.reshape(-1).contiguous() if token is not None else ids, self.posts, self._d_ids,
+                         self._d_weights, self._d_tokens, self._d_seq, self._d_progress, layer, self.L, self.R, self.K,
+                         HAS_TOKEN=token is not None, BK=max(2, 1 << (self.K - 1).bit_length()))
+            return
+        step = torch.div(self.posts, self.L, rounding_mode="floor")
+        ring = torch.remainder(step, self.R)
+        at = ring * self.L + layer
+        self._d_ids.index_copy_(0, at, ids.reshape(1, self.K).to(torch.int32))
+        self._d_weights.index_copy_(0, at, weights.reshape(1, self.K).to(torch.float32))
+        if token is not None:
+            self._d_tokens.index_copy_(0, ring, token.reshape(1).to(torch.int64))
+        self._d_seq.index_copy_(0, at, step)  # a later op: the host reads the routing as complete
+        self.posts.add_(1)
+        self._d_progress.copy_(self.posts)
 
     def wait(self, step: int, layer: int, alive=lambda: True) -> tuple[np.ndarray, np.ndarray, int | None]:
         """Spin until `step`'s routing at `layer` is posted; (ids [K], weights [K], token or None at

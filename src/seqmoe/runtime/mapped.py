@@ -8,10 +8,13 @@ write it through the same pointer, over the host link, with no copy issued by th
 read the slot table and the host expert rows and write the routing mailbox without the host taking
 part. On the CPU the host memory *is* the device memory: `device_view` returns the tensor itself.
 
-`gather_rows(pool, host, slots, ids, out)` writes, for each routed expert i, its packed row from
-its pool slot when `slots[i] >= 0`, else straight from its host row: a miss is served by the
-device reading host memory, never by waiting for the host. On CUDA this is one Triton kernel that
-reads only the chosen source of each row; elsewhere a torch composition with the same result.
+`gather_rows(pool, host, table, ids, out, reads)` writes, for each routed expert i, its packed row
+from its pool slot when the slot table says it has one, else straight from its host row: a miss is
+served by the device reading host memory, never by waiting for the host. `post_kernel` writes one
+layer's routing into the mailbox (`mailbox.Mailbox.post`). On CUDA each is one Triton kernel (the
+gather reads only the chosen source of each row); elsewhere, or without triton, torch ops with the
+same result. Checked against each other on CUDA (tests/runtime/test_thread.py) and here under
+`TRITON_INTERPRET=1`.
 """
 
 from __future__ import annotations
@@ -47,28 +50,9 @@ def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
     if host.dtype == torch.bfloat16:
         return device_view(host.view(torch.int16), device).view(torch.bfloat16)
     with torch.cuda.device(device):
-        try:
-            view = torch.as_tensor(_CudaArray(host), device=device)
-        except (RuntimeError, TypeError) as e:
-            view = _cupy_view(host, device, e)
+        view = torch.as_tensor(_CudaArray(host), device=device)
     if view.device.type != "cuda" or view.data_ptr() != host.data_ptr():
         raise RuntimeError("the mapped view of pinned host memory does not alias it (no unified addressing?)")
-    return view
-
-
-def _cupy_view(host: torch.Tensor, device: torch.device, why: BaseException) -> torch.Tensor:
-    """The same view built by CuPy and handed over by DLPack, where torch refuses the interface."""
-    try:
-        import cupy
-    except ImportError:
-        raise RuntimeError(f"torch does not wrap pinned host memory as a CUDA tensor here ({why}); "
-                           "installing cupy gives another way") from why
-    mem = cupy.cuda.UnownedMemory(host.data_ptr(), host.numel() * host.element_size(), host, device.index or 0)
-    arr = cupy.ndarray(tuple(host.shape), dtype=str(host.dtype).removeprefix("torch."),
-                       memptr=cupy.cuda.MemoryPointer(mem, 0),
-                       strides=tuple(s * host.element_size() for s in host.stride()))
-    view = torch.from_dlpack(arr)
-    view._seqmoe_host = host  # keep the pinned memory alive with the view
     return view
 
 
@@ -89,25 +73,9 @@ def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids
     return out
 
 
-def post_routing(box, layer: int, ids: torch.Tensor, weights: torch.Tensor, token: torch.Tensor | None) -> None:
-    """Write one position's routing into the mailbox `box` (`Mailbox`'s device views) at `layer`, then
-    its (step, layer) number, then bump the device and host progress counters."""
-    if box.device.type == "cuda" and _kernels() is not None:
-        k = ids.shape[-1]
-        _kernels()["post"][(1,)](ids, weights, token if token is not None else ids, box.posts, box._d_ids,
-                                 box._d_weights, box._d_tokens, box._d_seq, box._d_progress, layer, box.L, box.R, k,
-                                 HAS_TOKEN=token is not None, BK=max(2, 1 << (k - 1).bit_length()))
-        return
-    step = torch.div(box.posts, box.L, rounding_mode="floor")
-    ring = torch.remainder(step, box.R)
-    at = ring * box.L + layer
-    box._d_ids.index_copy_(0, at, ids.reshape(1, box.K).to(torch.int32))
-    box._d_weights.index_copy_(0, at, weights.reshape(1, box.K).to(torch.float32))
-    if token is not None:
-        box._d_tokens.index_copy_(0, ring, token.reshape(1).to(torch.int64))
-    box._d_seq.index_copy_(0, at, step)  # a later op: the host reads the routing as complete
-    box.posts.add_(1)
-    box._d_progress.copy_(box.posts)
+def post_kernel(device: torch.device):
+    """The Triton kernel of `Mailbox.post` on CUDA, or None (then torch ops do the same)."""
+    return _kernels()["post"] if device.type == "cuda" and _kernels() is not None else None
 
 
 _BLOCK = 1024

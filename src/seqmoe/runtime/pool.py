@@ -219,7 +219,8 @@ class ExpertPool:
         if self._staging is None or self._staging.shape[0] != n:
             self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
-        return gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids, self._staging, self.device_reads)
+        return gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), self._staging,
+                           self.device_reads)
 
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""
