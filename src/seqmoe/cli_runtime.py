@@ -120,7 +120,8 @@ def run_generate(args) -> int:
         if args.graph:
             from seqmoe.runtime.graph import DecodeGraph
 
-            out = DecodeGraph(runtime, ids.shape[1] + args.max_new_tokens).generate(ids, args.max_new_tokens)
+            out = DecodeGraph(runtime, ids.shape[1] + args.max_new_tokens).generate(
+                ids, args.max_new_tokens, eos_token_id=tok.eos_token_id)
         else:
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.max_new_tokens,
                                  do_sample=False, num_beams=1, pad_token_id=pad)

@@ -107,6 +107,20 @@ def test_decode_graph_of_a_plain_model_is_the_full_load_baseline():
     assert torch.equal(DecodeGraph(fresh("qwen3_moe"), 32).generate(torch.tensor([PROMPT]), 8), ref.tokens)
 
 
+@pytest.mark.parametrize("check_every", [1, 3, 16])
+def test_decode_graph_stops_at_eos_like_generate(check_every):
+    ref = reference("gpt_oss")
+    eos = int(ref.tokens[0, len(PROMPT) + 3])  # a token greedy decoding produces 4 steps in
+    want = ref.model.generate(torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False, pad_token_id=0,
+                              eos_token_id=eos)
+    assert want.shape[1] < ref.tokens.shape[1]
+    model = fresh("gpt_oss")
+    rt = offload(model, 0.5, "on-demand-lru", train=ref.train, control="thread")
+    got = DecodeGraph(rt, 32).generate(torch.tensor([PROMPT]), 8, eos_token_id=eos, check_every=check_every)
+    assert torch.equal(got, want)
+    rt.restore()
+
+
 def test_decode_graph_trace_and_counts_equal_the_inline_engine():
     ref = reference("olmoe")
     runs = []

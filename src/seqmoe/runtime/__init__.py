@@ -13,6 +13,7 @@ either inline in the hooks or on its own thread (`driver`) fed by the routing `m
 captures the decode step as a CUDA graph. Needs torch (and transformers for the models).
 """
 
+from seqmoe.runtime.graph import DecodeGraph
 from seqmoe.runtime.offload import DEFAULT_HARDWARE, OffloadRuntime, live_systems, measure_profile, offload
 
-__all__ = ["offload", "OffloadRuntime", "live_systems", "measure_profile", "DEFAULT_HARDWARE"]
+__all__ = ["offload", "OffloadRuntime", "DecodeGraph", "live_systems", "measure_profile", "DEFAULT_HARDWARE"]

@@ -99,13 +99,21 @@ class DecodeGraph:
             self._posting(False)
 
     @torch.no_grad()
-    def generate(self, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-        """[1, n + max_new_tokens] greedy tokens (what `model.generate(..., do_sample=False)` returns)."""
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, eos_token_id: int | None = None,
+                 check_every: int = 16) -> torch.Tensor:
+        """[1, n + new] greedy tokens, what `model.generate(..., do_sample=False)` returns: new =
+        `max_new_tokens`, or fewer when `eos_token_id` is generated (the output then ends with it).
+
+        The end of sequence is looked for on the host once every `check_every` steps (the only host
+        read of the loop), so up to `check_every - 1` steps past it run and are discarded (the
+        runtime's trace and counts include them: the model did run them)."""
         if input_ids.ndim != 2 or input_ids.shape[0] != 1:
             raise UserError(f"DecodeGraph serves batch 1; got input_ids of shape {tuple(input_ids.shape)}")
         n = input_ids.shape[1]
         if max_new_tokens < 1 or n + max_new_tokens > self.max_length:
             raise UserError(f"{n} prompt tokens + {max_new_tokens} new tokens do not fit max_length={self.max_length}")
+        if check_every < 1:
+            raise UserError(f"check_every must be >= 1, got {check_every}")
         input_ids = input_ids.to(self.device)
         self.cache.reset()
         logits = self.model(input_ids=input_ids, cache_position=torch.arange(n, device=self.device),
@@ -117,7 +125,13 @@ class DecodeGraph:
         if self.capture and self.graph is None and max_new_tokens > 1:
             self._capture()
         rt = self.runtime
-        for _ in range(max_new_tokens - 1):
+        end = n + max_new_tokens
+        for i in range(max_new_tokens - 1):
+            if eos_token_id is not None and i % check_every == 0:
+                found = self._first_eos(n, n + i + 1, eos_token_id)
+                if found is not None:
+                    end = found + 1
+                    break
             if rt is not None:
                 rt.controller.thread.launch()
                 rt.pool.set_idle(False)
@@ -134,4 +148,12 @@ class DecodeGraph:
             torch.cuda.current_stream(self.device).synchronize()
         if rt is not None:
             rt.pool.set_idle(True)
-        return self.out[:, :n + max_new_tokens].clone()
+        if eos_token_id is not None and end == n + max_new_tokens:
+            found = self._first_eos(n, end, eos_token_id)
+            end = end if found is None else found + 1
+        return self.out[:, :end].clone()
+
+    def _first_eos(self, lo: int, hi: int, eos: int) -> int | None:
+        """Position of the first `eos` in out[lo:hi] (a host read: waits for the steps so far), or None."""
+        hits = (self.out[0, lo:hi] == eos).nonzero()
+        return lo + int(hits[0, 0]) if len(hits) else None
