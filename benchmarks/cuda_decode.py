@@ -21,6 +21,8 @@ import traceback
 import torch
 
 from seqmoe.collect import load_model
+from seqmoe.config import COMPARED_SYSTEMS
+from seqmoe.manager import system_spec
 from seqmoe.runtime import offload
 from seqmoe.runtime.graph import DecodeGraph
 from seqmoe.tiny.traces import TRAIN_FILE
@@ -70,7 +72,7 @@ def run(args) -> list[dict]:
                     model, _ = _model(args.impl)
                     rt = offload(model, residency, system, device=args.device, train=train, control=(
                         "inline" if engine == "inline" else "thread"),
-                        predictor=args.predictor if system.startswith("seqmoe") else None)
+                        predictor=args.predictor if system_spec(system).needs_predictor else None)
                     with torch.no_grad():
                         if engine == "graph":
                             dg = DecodeGraph(rt, ids.shape[1] + args.new_tokens)
@@ -153,8 +155,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda (default), or cpu to try the script out")
     p.add_argument("--out", help="append the JSON lines here")
     args = p.parse_args()
-    if args.systems is None:
-        args.systems = ["on-demand-lru"] + (["seqmoe"] if args.predictor else [])
+    if args.systems is None:  # the compared systems that need no forecaster, the others with --predictor
+        args.systems = [s for s in COMPARED_SYSTEMS if args.predictor or not system_spec(s).needs_predictor]
     rows = run(args)
     print(f"\n{'engine':<24}{'residency':>10}  {'system':<15}{'tokens/s':>10}{'equal':>7}{'hit':>7}{'data hit':>9}"
           f"{'decide us/tok':>15}")

@@ -28,13 +28,11 @@ import numpy as np
 from seqmoe.bench.plot import plot_results
 from seqmoe.bench.report import write_jsonl
 from seqmoe.config import SimConfig
+from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCIES
+from seqmoe.errors import UserError
+from seqmoe.manager.systems import check_systems, oracles, systems_with
 from seqmoe.sim.run import load_workload, run_sweep
-from seqmoe.systems import SYSTEMS
 from seqmoe.trace.io import load_trace
-
-SEQMOE = ["seqmoe", "seqmoe-greedy-prefetch", "seqmoe-lru-eviction", "seqmoe-markov-forecast"]
-BASELINES = ["on-demand-lru", "on-demand-lfu", "mixtral-offloading-style", "moe-infinity-style",
-             "affinity-style", "belady", "oracle-prefetch"]  # fmt: skip
 TABLES = {"hit_rate": "Hit rate (ready + late)", "full_load_fraction": "Full-load fraction (full-load time / time)",
           "bound_fraction": "Bound fraction (bound time / time)"}  # fmt: skip
 
@@ -45,9 +43,10 @@ def main() -> int:
                    help="the shared folder holding data/traces (default: ../shared)")
     p.add_argument("--predictor", default=None, help="trained forecaster folder (`seqmoe train`); default: train once, cached")
     p.add_argument("--max-tokens", type=int, default=1000, help="replay the first N test tokens (0: all 18,623)")
-    p.add_argument("--hardware", default="h100-pcie5,a100-pcie4", help="comma-separated hardware profiles")
-    p.add_argument("--residencies", default="0.1,0.25,0.45,0.65,0.9", help="comma-separated residencies")
-    p.add_argument("--systems", default=",".join(SEQMOE + BASELINES), help="comma-separated systems")
+    p.add_argument("--hardware", default=f"{DEFAULT_HARDWARE},a100-pcie4", help="comma-separated hardware profiles")
+    p.add_argument("--residencies", default=",".join(map(str, DEFAULT_RESIDENCIES)), help="comma-separated residencies")
+    p.add_argument("--systems", default=",".join(systems_with("seqmoe", "ablation", "baseline", "oracle")),
+                   help="comma-separated systems (default: every registered system)")
     p.add_argument("--out", default="results/bench-seqmoe", help="output folder")
     args = p.parse_args()
     puffin = Path(args.shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
@@ -55,9 +54,10 @@ def main() -> int:
         print(f"shared traces not found at {puffin}; nothing to measure", file=sys.stderr)
         return 0
     systems = args.systems.split(",")
-    unknown = [s for s in systems if s not in SYSTEMS]
-    if unknown:
-        p.error(f"unknown system {unknown[0]!r}; see `seqmoe systems`")
+    try:
+        check_systems(systems)
+    except UserError as e:
+        p.error(str(e))
     residencies = [float(r) for r in args.residencies.split(",")]
     trace = load_trace(puffin)
     R = trace.num_requests
@@ -88,14 +88,14 @@ def _tables(rows: list[dict], hw: str, systems: list[str], residencies: list[flo
     cell = {(r["system"], r["residency"]): r for r in rows}
     head = "| system | " + " | ".join(f"r={x:g}" for x in residencies) + " |"
     rule = "|---" * (len(residencies) + 1) + "|"
-    oracles = {"belady", "oracle-prefetch", "seqmoe-oracle-forecast"}
+    upper = set(oracles())
     parts = [f"### {hw} ({rows[0]['num_tokens']} test tokens)"]
     for key, title in TABLES.items():
-        best = {x: max(cell[s, x][key] for s in systems if s not in oracles) for x in residencies}
+        best = {x: max(cell[s, x][key] for s in systems if s not in upper) for x in residencies}
         lines = [f"{title}:", "", head, rule]
         for s in systems:
             vals = [cell[s, x][key] for x in residencies]
-            txt = [f"**{v:.3f}**" if s not in oracles and v == best[x] else f"{v:.3f}" for v, x in zip(vals, residencies)]
+            txt = [f"**{v:.3f}**" if s not in upper and v == best[x] else f"{v:.3f}" for v, x in zip(vals, residencies)]
             lines.append(f"| `{s}` | " + " | ".join(txt) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

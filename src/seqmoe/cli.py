@@ -21,13 +21,11 @@ from seqmoe.bench.report import format_table, read_jsonl, write_jsonl
 from seqmoe.cli_predict import add_predict_commands
 from seqmoe.cli_runtime import add_runtime_commands
 from seqmoe.cli_trace import add_trace_commands
-from seqmoe.config import SimConfig, add_config_flags, config_from_args
+from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
+from seqmoe.manager.systems import SYSTEMS, baselines, check_systems
 from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES
-from seqmoe.sim.run import check_systems, load_workload, run_one, run_sweep
-from seqmoe.systems import SYSTEMS, baselines
-
-DEFAULT_RESIDENCIES = "0.1,0.25,0.45,0.65,0.9"
+from seqmoe.sim.run import load_workload, run_one, run_sweep
 
 
 def _floats(text: str) -> list[float]:
@@ -84,7 +82,7 @@ def cmd_plot(args) -> int:
 
 def cmd_systems(args) -> int:
     for spec in SYSTEMS.values():
-        print(f"{spec.name:26} {spec.summary}")
+        print(f"{spec.name:26} {spec.role:9} {spec.summary}")
     return 0
 
 
@@ -137,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(sweep, SimConfig, skip=("system", "residency"))
     sweep.add_argument("--systems", default="baselines",
                        help="comma-separated system names, 'baselines' (default: those that need no forecaster) or 'all'")
-    sweep.add_argument("--residencies", default=DEFAULT_RESIDENCIES, help=f"comma-separated residencies (default: {DEFAULT_RESIDENCIES})")
+    residencies = ",".join(map(str, DEFAULT_RESIDENCIES))
+    sweep.add_argument("--residencies", default=residencies, help=f"comma-separated residencies (default: {residencies})")
     sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
     sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")
     sweep.set_defaults(func=cmd_sweep)

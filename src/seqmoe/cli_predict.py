@@ -83,16 +83,16 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def _baselines(train_path: str, test) -> dict:
-    from seqmoe.predict import AffinityPredictor, EAMPredictor
+    """The forecasts to compare with seqmoe's: training-split frequency, and each baseline system's own."""
+    from seqmoe.manager import check_dims
+    from seqmoe.manager.systems import SYSTEMS
     from seqmoe.predict.freq import FrequencyPredictor
 
     train = load_trace(train_path)
-    got, want = (train.num_layers, train.num_experts, train.top_k), (test.num_layers, test.num_experts, test.top_k)
-    if got != want:
-        raise UserError(f"--train has (L, E, K) = {got} but --trace has {want}; use traces of the same model")
+    check_dims("--train", train, test, "use traces of the same model", against="--trace")
     H = 2 * train.num_layers
-    return {"frequency": FrequencyPredictor(train, horizon=H), "affinity-style": AffinityPredictor(train, horizon=H),
-            "moe-infinity-style": EAMPredictor(train, horizon=H)}
+    return {"frequency": FrequencyPredictor(train, horizon=H),
+            **{n: s.forecaster(train, H) for n, s in SYSTEMS.items() if s.forecaster and s.role == "baseline"}}
 
 
 def run_eval(args: argparse.Namespace) -> int:

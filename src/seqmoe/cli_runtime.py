@@ -18,6 +18,7 @@ import json
 import sys
 import time
 
+from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
 
 
@@ -31,8 +32,9 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     gen.add_argument("--model", required=True, metavar="PATH_OR_NAME", help="model folder with config.json, or seqmoe-tiny")
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt")
-    gen.add_argument("--residency", type=float, default=0.3, help="fraction of experts in device slots (default: 0.3)")
-    gen.add_argument("--system", default="on-demand-lru", help="memory-management system (default: on-demand-lru)")
+    gen.add_argument("--residency", type=float, default=DEFAULT_RUNTIME_RESIDENCY,
+                     help=f"fraction of experts in device slots (default: {DEFAULT_RUNTIME_RESIDENCY})")
+    gen.add_argument("--system", default=DEFAULT_SYSTEM, help=f"memory-management system (default: {DEFAULT_SYSTEM})")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
     gen.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by "
                      "systems that learn, e.g. affinity-style)")
@@ -43,7 +45,7 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
                      help="weights dtype (default: auto, the checkpoint's)")
     gen.add_argument("--bandwidth", type=float, default=None, help="host->device bytes/s of the cost model")
-    gen.add_argument("--hardware", default=None, help="hardware profile of the cost model (default: h100-pcie5)")
+    gen.add_argument("--hardware", default=None, help=f"hardware profile of the cost model (default: {DEFAULT_HARDWARE})")
     gen.add_argument("--control", choices=("inline", "thread"), default=None,
                      help="where the control plane runs: in the router hooks (inline, synchronises each layer) or on "
                      "its own thread fed by a routing mailbox (default: thread on cuda, inline on cpu)")
@@ -64,7 +66,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--model", default="seqmoe-tiny", metavar="PATH_OR_NAME", help="model folder or seqmoe-tiny (default)")
     b.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: built-in snippets)")
     b.add_argument("--residencies", default="0.25,0.5,1.0", help="comma-separated residencies (default: 0.25,0.5,1.0)")
-    b.add_argument("--systems", default="on-demand-lru,seqmoe", help="comma-separated systems (default: on-demand-lru,seqmoe)")
+    b.add_argument("--systems", default=",".join(COMPARED_SYSTEMS),
+                   help=f"comma-separated systems (default: {','.join(COMPARED_SYSTEMS)})")
     b.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default: 32)")
     b.add_argument("--repeats", type=int, default=2, help="passes over the prompts per run; the fastest counts (default: 2)")
     b.add_argument("--train", metavar="TRACE", help="routing trace of the model (default: collected over built-in prompts)")
@@ -88,8 +91,8 @@ def run_generate(args) -> int:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     from seqmoe.collect import load_model
     from seqmoe.predict.cache import seq_predictor_for
+    from seqmoe.manager import system_spec
     from seqmoe.runtime import offload
-    from seqmoe.systems import SYSTEMS
     from seqmoe.trace.io import load_trace
 
     import torch
@@ -98,7 +101,7 @@ def run_generate(args) -> int:
         torch.set_num_threads(args.threads)
     train = load_trace(args.train) if args.train else None
     predictor = args.predictor
-    if args.system in SYSTEMS and SYSTEMS[args.system].needs_predictor:
+    if system_spec(args.system).needs_predictor:
         if train is None:
             raise UserError(f"--system {args.system} needs --train TRACE (and --predictor DIR, or one is trained on it)")
         predictor = seq_predictor_for(args.predictor, train)

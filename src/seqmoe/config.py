@@ -15,6 +15,20 @@ import json
 from dataclasses import dataclass
 
 from seqmoe.errors import UserError
+from seqmoe.manager.placement import check_residency
+
+DEFAULT_SYSTEM = "on-demand-lru"
+"""The system when none is named: the plain demand-paging baseline every comparison starts from."""
+COMPARED_SYSTEMS = (DEFAULT_SYSTEM, "seqmoe")
+"""What the runtime benchmarks compare when not told otherwise."""
+DEFAULT_HARDWARE = "h100-pcie5"
+"""Hardware profile of the cost model (the simulator's, and the runtime's virtual clock) when none is given."""
+DEFAULT_RESIDENCY = 0.45
+"""Residency of a replay when none is given (the seed paper's headline point)."""
+DEFAULT_RUNTIME_RESIDENCY = 0.3
+"""Residency of an offloaded model when none is given."""
+DEFAULT_RESIDENCIES = (0.1, 0.25, 0.45, 0.65, 0.9)
+"""Residencies of a sweep when none are given."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,11 +45,11 @@ class SimConfig:
     """Replay only the first N tokens of the replayed trace (quick looks; default: all)."""
     model_profile: str = "deepseek-v2-lite"
     """Model profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
-    hardware: str = "h100-pcie5"
+    hardware: str = DEFAULT_HARDWARE
     """Hardware profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
-    residency: float = 0.45
+    residency: float = DEFAULT_RESIDENCY
     """Fraction of all experts the device pool holds, in (0, 1]."""
-    system: str = "on-demand-lru"
+    system: str = DEFAULT_SYSTEM
     """Memory-management system (see `seqmoe systems`)."""
     predictor: str | None = None
     """Trained forecaster directory (`seqmoe train`) for the seqmoe systems; default: train one on --train (cached)."""
@@ -43,8 +57,7 @@ class SimConfig:
     """Seed of the train/test split and of anything random in a system."""
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.residency <= 1.0:
-            raise UserError(f"--residency must be in (0, 1], got {self.residency}")
+        check_residency(self.residency)
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -4,8 +4,8 @@ The workload is real routing of our own trained MoE model (seqmoe-tiny, shipped 
 over Python standard library source: its train part (files the model trained on) trains the
 forecaster and the baselines' statistics, its test part (held-out files) is replayed
 (`seqmoe.tiny.traces`). The demo trains the seq2seq forecaster once (about 15 seconds; kept in
-`$SEQMOE_CACHE`), then compares the baselines and `seqmoe` with the `seqmoe-tiny` model profile on
-`h100-pcie5`. No downloads, no `../shared`.
+`$SEQMOE_CACHE`), then compares the baselines, the oracles and `seqmoe` with the `seqmoe-tiny` model
+profile on the default hardware profile. No downloads, no `../shared`.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from pathlib import Path
 
 from seqmoe.bench.plot import plot_results
 from seqmoe.bench.report import format_table, write_jsonl
-from seqmoe.config import SimConfig
+from seqmoe.config import DEFAULT_HARDWARE, SimConfig
 from seqmoe.errors import UserError
+from seqmoe.manager.systems import systems_with
 from seqmoe.predict.cache import cache_dir, trace_fingerprint
 from seqmoe.sim.run import load_workload, run_sweep
-from seqmoe.systems import baselines
 from seqmoe.tiny.traces import load_demo_traces
 from seqmoe.trace.schema import RoutingTrace
 
@@ -53,11 +53,11 @@ def run_demo(*, num_tokens: int = 3000, out_dir: str | Path = "results/demo", fo
     train, test = load_demo_traces()
     predictor = demo_predictor(train, minutes=forecaster_minutes, progress=progress)
     cfg = SimConfig(trace="embedded:seqmoe-tiny-test", train="embedded:seqmoe-tiny-train", model_profile="seqmoe-tiny",
-                    hardware="h100-pcie5", predictor=str(predictor), max_tokens=num_tokens)
+                    hardware=DEFAULT_HARDWARE, predictor=str(predictor), max_tokens=num_tokens)
     workload = load_workload(cfg, train=train, test=test)
-    systems = baselines() + ["seqmoe"]
+    systems = systems_with("baseline", "oracle", "seqmoe")
     print(f"seqmoe demo: {workload.test.num_tokens} tokens of seqmoe-tiny routing over held-out stdlib files "
-          f"({workload.test.num_requests} requests), h100-pcie5 profile, {len(systems)} systems x residencies "
+          f"({workload.test.num_requests} requests), {DEFAULT_HARDWARE} profile, {len(systems)} systems x residencies "
           f"{list(RESIDENCIES)}", file=sys.stderr)
     rows = []
     for row in run_sweep(cfg, systems, RESIDENCIES, workload=workload, progress=progress):

@@ -16,7 +16,7 @@ from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.cache.reuse import fit_reuse_table
 from seqmoe.predict.base import Forecast
 from seqmoe.predict.oracle import OracleForecaster
-from seqmoe.sim.placement import start_placement, uid_counts
+from seqmoe.manager.placement import start_placement, uid_counts
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 from tests.conftest import make_trace
 

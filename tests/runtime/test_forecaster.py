@@ -14,8 +14,8 @@ import torch
 from seqmoe.errors import UserError
 from seqmoe.predict.seqmodel import load_seq_predictor
 from seqmoe.runtime import live_systems, offload
-from seqmoe.sim.replay import simulate
-from seqmoe.systems import SYSTEMS, SystemInputs, build_system
+from seqmoe.sim import simulate
+from seqmoe.manager.systems import SYSTEMS, SystemInputs, build_system
 from tests.runtime.conftest import TEST_HW, fresh, greedy, logits, reference
 
 PROMPTS = ([1, 8, 77, 21], [1, 50, 3, 3, 91, 14, 60, 2, 19])
@@ -56,7 +56,7 @@ def test_counts_equal_the_simulators_and_generation_is_exact(system, predictor_d
     c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     got = (s["ready"], s["late"], s["misses"], s["prefetches"], s["wasted_copies"], s["cancelled_prefetches"])
     assert got == (c.ready, c.late, c.misses, c.prefetches, c.wasted_copies, c.cancelled)
-    assert s["virtual_time_s"] == pytest.approx(c.time_s, rel=1e-12)
+    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
     assert s["prefetches"] > 0  # the forecaster drove prefetches
 
 
@@ -93,7 +93,7 @@ def test_predictor_errors(predictor_dir, tmp_path):
         offload(fresh("olmoe"), 0.3, "seqmoe", train=ref.train)
     with pytest.raises(UserError, match="no predictor folder"):
         offload(fresh("olmoe"), 0.3, "seqmoe", train=ref.train, predictor=tmp_path / "missing")
-    with pytest.raises(UserError, match="trained for L=3, E=8, K=2 but the model has"):
+    with pytest.raises(UserError, match="training trace has L=3, E=8, K=2 but the model has"):
         offload(fresh("qwen2_moe"), 0.5, "seqmoe", train=reference("qwen2_moe").train, predictor=predictor_dir)
     with pytest.raises(UserError, match="checkpoint folder or a SeqPredictor"):
         offload(fresh("olmoe"), 0.3, "seqmoe", train=ref.train, predictor=object())
@@ -123,7 +123,7 @@ def test_full_residency_skips_planning_with_the_same_counts(system, predictor_di
     c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     assert (s["ready"], s["late"], s["misses"], s["prefetches"]) == (c.ready, c.late, c.misses, c.prefetches) == (
         c.ready, 0, 0, 0)
-    assert s["virtual_time_s"] == pytest.approx(c.time_s, rel=1e-12)
+    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
 
 
 def test_generate_cli_runs_seqmoe_with_a_predictor(predictor_dir, tmp_path, capsys):

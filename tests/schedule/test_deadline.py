@@ -17,9 +17,10 @@ from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.predict.base import Forecast
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.schedule.deadline import DeadlinePrefetcher, plan_jobs, plan_jobs_general, slots_by_deadline
-from seqmoe.sim.placement import capacity_for, start_placement
-from seqmoe.sim.replay import System, simulate
-from seqmoe.sim.result import summarize
+from seqmoe.manager.placement import capacity_for, start_placement
+from seqmoe.manager import System
+from seqmoe.sim import simulate
+from seqmoe.manager.counts import summarize
 from tests.conftest import make_trace, tiny_hardware, tiny_model
 
 

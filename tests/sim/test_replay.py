@@ -9,10 +9,10 @@ from hypothesis import strategies as st
 
 from seqmoe.cache import belady_misses, belady_schedule
 from seqmoe.errors import UserError
-from seqmoe.sim.placement import capacity_for, start_placement
-from seqmoe.sim.replay import simulate
-from seqmoe.sim.result import summarize
-from seqmoe.systems import SystemInputs, baselines, build_system
+from seqmoe.manager.placement import capacity_for, start_placement
+from seqmoe.sim import simulate
+from seqmoe.manager.counts import summarize
+from seqmoe.manager.systems import SystemInputs, baselines, build_system
 from tests.conftest import make_trace, tiny_hardware, tiny_model
 
 DEMAND_ONLY = ("on-demand-lru", "on-demand-lfu", "mixtral-offloading-style")

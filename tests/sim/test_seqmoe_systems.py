@@ -12,7 +12,7 @@ import pytest
 from seqmoe.cli import main
 from seqmoe.errors import UserError
 from seqmoe.predict.seqmodel import load_seq_predictor
-from seqmoe.systems import SYSTEMS
+from seqmoe.manager.systems import SYSTEMS
 from seqmoe.trace.io import save_trace
 from tests.conftest import make_trace
 from tests.sim.test_replay import replay

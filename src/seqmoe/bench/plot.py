@@ -9,8 +9,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from seqmoe._files import atomic_path
-from seqmoe import systems
 from seqmoe.errors import UserError
+from seqmoe.manager.systems import SYSTEMS
 
 METRICS = {
     "hit_rate": "hit rate",
@@ -42,14 +42,15 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
     first = rows[0]
     where = f"{first.get('model_profile', {}).get('name', '?')} on {first.get('hardware_profile', {}).get('name', '?')}, {first.get('num_tokens', '?')} tokens"
     written = []
-    oracles = set(systems.oracles())  # drawn as grey dashed references
+    role = {n: SYSTEMS[n].role if n in SYSTEMS else "baseline" for n in series}  # unknown names: plain lines
     for key, label in METRICS.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
         colors = iter(plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2])
+        greys = iter(["0.35", "0.6", "0.75", "0.5", "0.45"] * 4)  # oracles: grey dashed references
         for name, pts in series.items():
             pts = sorted(pts, key=lambda r: r["residency"])
-            style = dict(ls="--", marker="x", color="0.35" if name == "belady" else "0.6") if name in oracles \
-                else dict(marker="o", color=next(colors), lw=2.5 if name == "seqmoe" else 1.5)
+            style = dict(ls="--", marker="x", color=next(greys)) if role[name] == "oracle" \
+                else dict(marker="o", color=next(colors), lw=2.5 if role[name] == "seqmoe" else 1.5)
             ax.plot([p["residency"] for p in pts], [p[key] for p in pts], label=name, **style)
         ax.set_xlabel("residency (fraction of experts on the device)")
         ax.set_ylabel(label)

@@ -7,13 +7,15 @@
 
 Data plane: `pool` (host blocks, slots, slot table), `experts` (the swapped-in experts module),
 `mapped` (host memory the device reads in place; the slot-or-host gather), `copier` (the copy
-worker). Control plane: `control` drives the simulator's state machine
-(`seqmoe.sim.replay.ReplayState`) from the routers' outputs, so the decisions are the simulator's,
-either inline in the hooks or on its own thread (`driver`) fed by the routing `mailbox`; `graph`
-captures the decode step as a CUDA graph. Needs torch (and transformers for the models).
+worker). Control plane: `control` drives the memory manager (`seqmoe.manager`, the simulator's
+state machine) from the routers' outputs through the simulator's own driver loop, so the decisions
+are the simulator's, either inline in the hooks or on its own thread (`control_thread`) fed by the
+routing `mailbox`; `graph` captures the decode step as a CUDA graph. Needs torch (and transformers
+for the models).
 """
 
+from seqmoe.manager.systems import live_systems
 from seqmoe.runtime.graph import DecodeGraph
-from seqmoe.runtime.offload import DEFAULT_HARDWARE, OffloadRuntime, live_systems, measure_profile, offload
+from seqmoe.runtime.offload import OffloadRuntime, measure_profile, offload
 
-__all__ = ["offload", "OffloadRuntime", "DecodeGraph", "live_systems", "measure_profile", "DEFAULT_HARDWARE"]
+__all__ = ["offload", "OffloadRuntime", "DecodeGraph", "live_systems", "measure_profile"]

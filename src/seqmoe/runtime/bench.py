@@ -29,9 +29,11 @@ import time
 
 import torch
 
+from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
+from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
 from seqmoe.profiles import HardwareProfile, ModelProfile, full_load_token_s
-from seqmoe.runtime.offload import live_systems, offload
+from seqmoe.runtime.offload import offload
 from seqmoe.trace.schema import RoutingTrace
 
 PROMPTS = (
@@ -52,7 +54,6 @@ TRAIN_PROMPTS = (
     "def _check_arg(value, name):\n    if not isinstance(value, int):\n        raise TypeError(",
 )
 """Prompts of the routing trace a forecaster is trained on when none is given (disjoint from `PROMPTS`)."""
-SYSTEMS = ("on-demand-lru", "seqmoe")
 
 
 def greedy_decode(model, ids: list[int], new_tokens: int, runtime=None) -> tuple[list[int], float, tuple[float, float]]:
@@ -130,7 +131,7 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
         return load_seq_predictor(d)
 
 
-def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 0.5, 1.0), systems=SYSTEMS,
+def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 0.5, 1.0), systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
                   link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None) -> dict:
     """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
@@ -152,7 +153,6 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
     """
     from seqmoe.collect import collect_trace, moe_layers
-    from seqmoe.systems import SYSTEMS as ALL
 
     unknown = [s for s in systems if s not in live_systems(with_predictor=True)]
     if unknown:
@@ -174,16 +174,16 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
             raise UserError("without train= the bench collects a trace over text prompts: give a tokenizer")
         log(f"collecting a routing trace over {len(TRAIN_PROMPTS)} training prompts")
         train = collect_trace(model, list(TRAIN_PROMPTS), tokenizer, mode="decode", new_tokens=new_tokens)
-    probe = offload(model, 1.0, "on-demand-lru")  # the measured model profile (bytes), then undo
+    probe = offload(model, 1.0, DEFAULT_SYSTEM)  # the measured model profile (bytes), then undo
     mp = probe.model_profile
     probe.restore()
     hw = cpu_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s)
-    if any(ALL[s].needs_predictor for s in systems if s in ALL):
+    if any(ALL[s].needs_predictor for s in systems):
         predictor = _forecaster(train, predictor, predictor_minutes, log)
     runs = []
     for system in systems:
         for r in residencies:
-            pred = copy.deepcopy(predictor) if system in ALL and ALL[system].needs_predictor else None
+            pred = copy.deepcopy(predictor) if ALL[system].needs_predictor else None
             near = _timed_passes(model, ids, new_tokens, repeats)  # the full model again, right before: load drifts
             rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=True)
             try:

@@ -1,12 +1,11 @@
 """The control plane: the simulator's state machine driven live by the model's router outputs.
 
-`Controller` owns a `seqmoe.sim.replay.ReplayState` and calls it exactly as `simulate()` does over
-a trace: per position `token_start`, then per MoE layer `layer(step, uids, ids, reveal)` and, for
-schedulers that replan, `layer_end`; a virtual clock advances by the cost model (a `ModelProfile`
-measured from the loaded model). So every eviction and prefetch is the simulator's decision, and
-replaying `Controller.trace()` with `simulate` reproduces the same ready/late/miss counts. As the
-observer of the state machine it mirrors each load and eviction into the `ExpertPool` and queues
-the copies on the `CopyWorker`.
+`Controller` drives a memory manager (`seqmoe.manager`) through the same `Driver` that `simulate()`
+uses over a trace: per position `token_start`, then per MoE layer `reveal` and `layer_end`, on a
+virtual clock that advances by the cost model (a `ModelProfile` measured from the loaded model). So
+every eviction and prefetch is the simulator's decision, and replaying `Controller.trace()` with
+`simulate` reproduces the same ready/late/miss counts. As the observer of the state machine it
+mirrors each load and eviction into the `ExpertPool` and queues the copies on the `CopyWorker`.
 
 Timing of the calls against the real forward:
 - a decode forward (one position) is driven inline: `token_start` and `layer` at each router's
@@ -21,7 +20,7 @@ The seq2seq forecaster of the `seqmoe` systems is driven like any predictor: `be
 request's first position, `begin_token` with the position's input id (a Python int, hashed without
 a vocabulary, as `simulate()` hashes the recorded trace's ids), `observe` at each reveal.
 
-With `control="thread"` (`driver.ControlThread`) a decode forward only posts its routing to the
+With `control="thread"` (`control_thread.ControlThread`) a decode forward only posts its routing to the
 mailbox from the router hooks (device ops, no host synchronisation, graph-capturable) and the
 control thread feeds it to the same calls (`decode_layer`); prompt forwards stay inline, after the
 thread has caught up.
@@ -42,18 +41,17 @@ import torch
 
 from seqmoe.collect.routers import unpack_router_output
 from seqmoe.errors import UserError
+from seqmoe.manager import Driver, System
 from seqmoe.runtime.copier import CopyWorker
 from seqmoe.runtime.pool import ExpertPool
-from seqmoe.sim.replay import ReplayState, System
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 
 class Controller:
-    """Drive `state` from routing events and mirror its slots into `pool` via `worker`.
+    """Drive a memory manager from routing events and mirror its slots into `pool` via `worker`.
 
     Args:
-        state: a fresh state machine (built with this controller as its observer, see `attach`).
-        system: the system inside `state`.
+        system: the system inside the manager (built with this controller as its observer, see `attach`).
         num_layers, num_experts, top_k: L, E, K.
         meta: what `trace()` records as its source.
     """
@@ -63,12 +61,10 @@ class Controller:
         self.L, self.E, self.K = num_layers, num_experts, top_k
         self.meta = meta
         self.lock = threading.Lock()  # the state machine: model thread (prompts) vs control thread (decode)
-        self.state: ReplayState | None = None
+        self.state = None  # the memory manager
+        self.driver: Driver | None = None
         self.pool: ExpertPool | None = None
         self.worker: CopyWorker | None = None
-        self.replan = bool(getattr(system.prefetcher, "replan_after_compute", False))
-        self.t = 0  # positions replayed
-        self.clock = 0.0
         self._ids: list[np.ndarray] = []  # per forward: [N, L, K] int16
         self._weights: list[np.ndarray] = []
         self._tokens: list[int | None] = []
@@ -78,7 +74,7 @@ class Controller:
         self._shape = (0, top_k)
         self._new_request = True
         self.host_s = 0.0  # seconds in the model hooks (routing events, control plane); see `OffloadRuntime.stats`
-        self.thread = None  # driver.ControlThread when the control plane runs on its own thread
+        self.thread = None  # control_thread.ControlThread when the control plane runs on its own thread
         self.mailbox = None
         self.posting = False  # a decode forward posting to the mailbox is running (thread mode)
         self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
@@ -86,9 +82,14 @@ class Controller:
         self._posted = 0  # layers the running posting forward has posted
         self._step: tuple[np.ndarray, np.ndarray, int | None] | None = None  # the decode step being read
 
-    def attach(self, state: ReplayState, pool: ExpertPool, worker: CopyWorker) -> None:
-        self.state, self.pool, self.worker = state, pool, worker
-        self._expert_s = self.K * state.per_expert_s
+    def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
+        self.state, self.pool, self.worker = manager, pool, worker
+        self.driver = Driver(manager)
+
+    @property
+    def clock(self) -> float:
+        """The virtual clock (cost-model seconds of every position replayed so far)."""
+        return self.driver.clock
 
     # -- observer of the state machine --------------------------------------------------------------
     def on_load(self, uid: int, demand: bool, deadline_step: int) -> None:
@@ -128,12 +129,12 @@ class Controller:
         if self._shape[0] == 1:
             if layer == 0:
                 self._token_start(tokens[0])
-            self._reveal(layer, buf_ids[0, layer])
+            self.driver.reveal(layer, buf_ids[0, layer])
 
     def experts_done(self, layer: int) -> None:
         """Layer `layer`'s experts finished computing."""
         if self._forward is not None and len(self._forward[2]) == 1:
-            self._compute(layer)
+            self.driver.layer_end(layer)
 
     def end_forward(self) -> None:
         """The forward ended: replay a multi-position forward; record the positions."""
@@ -143,15 +144,12 @@ class Controller:
         self._forward = None
         if self._next_layer != self.L:  # the forward stopped early (an exception): keep nothing of it
             return
-        if len(tokens) == 1:
-            self.t += 1
-        else:
+        if len(tokens) > 1:
             for i, tok in enumerate(tokens):
                 self._token_start(tok, new_request=self._new_request and i == 0)
                 for l in range(self.L):
-                    self._reveal(l, ids[i, l])
-                    self._compute(l)
-                self.t += 1
+                    self.driver.reveal(l, ids[i, l])
+                    self.driver.layer_end(l)
         self._ids.append(ids)
         self._weights.append(weights)
         self._tokens += tokens
@@ -187,40 +185,16 @@ class Controller:
             self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
             self._token_start(token, new_request=False)
         step_ids, step_w, tok = self._step
-        if int(ids.max()) >= self.E or int(ids.min()) < 0:
-            raise UserError(f"an expert index outside 0..{self.E - 1} was routed: expert parallelism is not supported")
         step_ids[0, layer], step_w[0, layer] = ids, weights
-        self._reveal(layer, step_ids[0, layer])
-        self._compute(layer)
+        self.driver.reveal(layer, step_ids[0, layer])
+        self.driver.layer_end(layer)
         if layer == self.L - 1:
-            self.t += 1
             self._ids.append(step_ids)
             self._weights.append(step_w)
             self._tokens.append(tok)
 
-    # -- the simulate() loop, one call at a time -----------------------------------------------------
     def _token_start(self, token: int | None, new_request: bool | None = None) -> None:
-        if new_request is None:
-            new_request = self._new_request
-        predictor = self.system.predictor
-        if predictor is not None and new_request:
-            predictor.begin_request()
-        self.clock += self.state.token_s
-        self.state.token_start(self.t * self.L, self.clock, token)
-
-    def _reveal(self, layer: int, ids: np.ndarray) -> None:
-        step = self.t * self.L + layer
-        base, routed = layer * self.E, ids.tolist()
-        if max(routed) >= self.E:
-            raise UserError(f"an expert index >= {self.E} was routed: expert parallelism is not supported")
-        uids = [e + base for e in routed]
-        reveal = self.clock + self.state.non_expert_s
-        self.clock = self.state.layer(step, uids, ids if self.system.predictor is not None else None, reveal)
-
-    def _compute(self, layer: int) -> None:
-        self.clock += self._expert_s
-        if self.replan:
-            self.state.layer_end(self.t * self.L + layer, self.clock)
+        self.driver.token_start(token, self._new_request if new_request is None else new_request)
 
     # -- results ---------------------------------------------------------------------------------------
     @property

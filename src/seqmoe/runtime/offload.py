@@ -21,40 +21,30 @@ import torch
 
 from seqmoe.cache import LRUPolicy
 from seqmoe.collect.routers import MoeLayer, decoder_layers, moe_layers
+from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
+from seqmoe.manager import (SystemInputs, build_manager, build_system, capacity_for, check_dims, start_placement,
+                            summarize)
+from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime.control import Controller, install_hooks
 from seqmoe.runtime.copier import CopyWorker
-from seqmoe.runtime.driver import ControlThread
+from seqmoe.runtime.control_thread import ControlThread
 from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
 from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
-from seqmoe.sim.placement import capacity_for, start_placement
-from seqmoe.sim.replay import ReplayState
-from seqmoe.systems import SYSTEMS, SystemInputs, build_system
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
-
-DEFAULT_HARDWARE = "h100-pcie5"
-"""Hardware profile of the virtual clock when none is given."""
-
-
-def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[str]:
-    """Systems the runtime can run (no oracle): those that need a `train=` trace only if `with_train`,
-    those that need the seq2seq forecaster (`predictor=`) only if `with_predictor`."""
-    return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
-            and (with_train or not s.learns)]
 
 
 def _check_system(system: str, train: RoutingTrace | None, predictor) -> None:
     choices = ", ".join(live_systems(with_predictor=True))
-    if system not in SYSTEMS:
-        raise UserError(f"unknown system {system!r}; choose one of: {choices}")
-    if SYSTEMS[system].reads_future:
+    spec = system_spec(system, live_systems(with_predictor=True))
+    if spec.reads_future:
         raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: {choices}")
-    if SYSTEMS[system].needs_predictor and predictor is None:
+    if spec.needs_predictor and predictor is None:
         raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor=DIR (a checkpoint of "
                         "`seqmoe train` on a trace of this model) or a SeqPredictor")
-    if SYSTEMS[system].learns and train is None:
+    if spec.learns and train is None:
         raise UserError(f"system {system!r} learns from a routing trace of this model: pass train=RoutingTrace "
                         "(seqmoe.collect.collect_trace), or choose one of: " + ", ".join(live_systems(with_train=False)))
 
@@ -65,11 +55,9 @@ def _load_predictor(predictor, L: int, E: int, K: int):
         from seqmoe.predict.seqmodel import load_seq_predictor
 
         predictor = load_seq_predictor(predictor)
-    cfg = getattr(predictor, "config", None)
-    got = tuple(getattr(cfg, a, None) for a in ("num_layers", "num_experts", "top_k"))
-    if cfg is not None and got != (L, E, K):
-        raise UserError(f"the predictor was trained for L={got[0]}, E={got[1]}, K={got[2]} but the model has "
-                        f"L={L}, E={E}, K={K}; train one on a trace of this model (seqmoe train)")
+    if getattr(predictor, "config", None) is not None:
+        check_dims("the predictor's training trace", predictor.config, _placeholder_trace(L, E, K, "model"),
+                   "train one on a trace of this model (seqmoe train)")
     if not all(callable(getattr(predictor, m, None)) for m in ("check_trace", "begin_request", "begin_token",
                                                                  "observe", "predict")):
         raise UserError(f"predictor= must be a checkpoint folder or a SeqPredictor, got {type(predictor).__name__}")
@@ -158,24 +146,21 @@ class OffloadRuntime:
         self.worker.drain()
 
     def stats(self) -> dict:
-        """Counts of the control plane (the simulator's metrics) and of the data plane (real copies, bytes)."""
+        """The control plane's metrics (the simulator's summary on the virtual clock: `time_s`,
+        `sim_copies`) and the data plane's counts (`copies` and `bytes_copied` really run, reads)."""
         self._catch_up()
-        st, pool = self.controller.state, self.pool
+        pool = self.pool
         device_reads = pool.device_reads.tolist()
         pool_reads, host_reads = pool.pool_reads + device_reads[0], pool.host_reads + device_reads[1]
-        c = st.c
-        n = c.ready + c.late + c.misses
-        tokens = self.controller.num_tokens
-        rate = (lambda x: x / n) if n else (lambda x: 0.0)
+        counts = self.controller.driver.counts()
         eb = pool.expert_bytes
+        tokens = counts.num_tokens
+        per_token = (lambda s: 1e6 * s / tokens) if tokens else (lambda s: 0.0)
+        summary = summarize(counts, expert_bytes=eb)
         return {
             "system": self.system, "residency": self.residency, "capacity": self.capacity,
-            "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": st.top_k,
-            "tokens": tokens, "activations": n,
-            "hit_rate": rate(c.ready + c.late), "ready_rate": rate(c.ready), "late_rate": rate(c.late),
-            "miss_rate": rate(c.misses), "ready": c.ready, "late": c.late, "misses": c.misses,
-            "prefetches": c.prefetches, "wasted_copies": c.wasted_copies, "cancelled_prefetches": c.cancelled,
-            "sim_copies": st.engine.started,
+            "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": self.controller.K,
+            "tokens": tokens, **summary, "sim_copies": summary["copies"],
             "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,
             "bytes_copied": self.worker.copies * eb,
             "control": self.control,
@@ -185,11 +170,8 @@ class OffloadRuntime:
             "resident_experts": len(pool.resident()),
             "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
             "host_expert_bytes": pool.host_bytes,
-            "virtual_time_s": self.controller.clock, "stall_s": c.stall_s,
-            "full_load_time_s": tokens * (st.token_s + st.num_layers * st.layer_s),
-            "decision_us_per_token": 1e6 * c.decision_s / tokens if tokens else 0.0,
-            "host_us_per_token": 1e6 * self.host_s / tokens if tokens else 0.0,
-            "gather_us_per_token": 1e6 * self.gather_s / tokens if tokens else 0.0,
+            "host_us_per_token": per_token(self.host_s),
+            "gather_us_per_token": per_token(self.gather_s),
             "device": str(pool.device),
         }
 
@@ -226,7 +208,7 @@ class OffloadRuntime:
             self._restored = True
 
 
-def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, device=None, predictor=None,
+def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = DEFAULT_SYSTEM, *, device=None, predictor=None,
             bandwidth: float | None = None, train: RoutingTrace | None = None,
             hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
             control: str | None = None) -> OffloadRuntime:
@@ -243,7 +225,7 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
         bandwidth: host->device bytes/s of the virtual clock's cost model (default: the hardware's).
         train: routing trace of this model for systems that learn (start placement, statistics);
             without it the pool starts empty.
-        hardware: hardware profile (preset name, file or object) of the cost model (default h100-pcie5).
+        hardware: hardware profile (preset name, file or object) of the cost model (default `DEFAULT_HARDWARE`).
         emulate_link: the copy worker sleeps one copy time per copy (an emulated link on CPU).
         control: "thread" (default on CUDA): decode steps post their routing to a mailbox and a
             control thread runs the state machine, so a decode step never synchronises with the host
@@ -252,21 +234,17 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
     """
     layers = moe_layers(model)
     L, E, K = len(layers), layers[0].num_experts, layers[0].top_k
-    C = capacity_for(residency, L, E)
-    if C < K:
-        raise UserError(f"residency {residency} gives {C} slots for {L}x{E} experts, fewer than the top-{K} "
-                        f"experts one layer needs; use residency >= {K / (L * E):.4g}")
+    C = capacity_for(residency, L, E, K)
     _check_system(system, train, predictor)
-    predictor = _load_predictor(predictor, L, E, K) if SYSTEMS[system].needs_predictor else None
-    if train is not None and (train.num_layers, train.num_experts, train.top_k) != (L, E, K):
-        raise UserError(f"train trace has L={train.num_layers}, E={train.num_experts}, K={train.top_k} but the model "
-                        f"has L={L}, E={E}, K={K}; collect it from this model")
+    predictor = _load_predictor(predictor, L, E, K) if system_spec(system).needs_predictor else None
+    name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
+    dims = _placeholder_trace(L, E, K, name)
+    if train is not None:
+        check_dims("train trace", train, dims, "collect it from this model")
     hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware_profile(hardware or DEFAULT_HARDWARE)
     if bandwidth is not None:
         hw = dataclasses.replace(hw, name=f"{hw.name} at {bandwidth:g} B/s", h2d_bytes_per_s=float(bandwidth))
     start = start_placement(train, C) if train is not None else []
-    name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
-    dims = _placeholder_trace(L, E, K, name)
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     sys_obj = build_system(system, SystemInputs(train=train or dims, test=dims, capacity=C, start=tuple(start),
@@ -317,9 +295,9 @@ def offload(model, residency: float = 0.3, system: str = "on-demand-lru", *, dev
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
                             "system": system, "capacity": C})
     controller = Controller(sys_obj, L, E, K, meta)
-    state = ReplayState(dims, sys_obj, mp, hw, C, start, observer=controller)
+    manager = build_manager(sys_obj, model=mp, hardware=hw, capacity=C, start=start, observer=controller)
     worker = CopyWorker(pool, copy_time_s(mp, hw) if emulate_link else None)
-    controller.attach(state, pool, worker)
+    controller.attach(manager, pool, worker)
     if control == "thread":
         controller.mailbox = Mailbox(L, K, device)
         controller.thread = ControlThread(controller, controller.mailbox, controller.lock)

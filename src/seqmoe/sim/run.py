@@ -18,13 +18,11 @@ import numpy as np
 from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
-from seqmoe.errors import UserError
+from seqmoe.manager import SystemInputs, build_system, capacity_for, check_dims, check_residency, start_placement, summarize
+from seqmoe.manager.systems import check_systems, system_spec
 from seqmoe.predict.cache import seq_predictor_for
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
-from seqmoe.sim.placement import capacity_for, check_residency, start_placement
-from seqmoe.sim.replay import simulate
-from seqmoe.sim.result import summarize
-from seqmoe.systems import SYSTEMS, SystemInputs, build_system
+from seqmoe.sim import simulate
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import RoutingTrace
 from seqmoe.trace.split import split_trace
@@ -46,12 +44,6 @@ class Workload:
     belady_misses: dict = dataclasses.field(default_factory=dict)  # N_opt by capacity, computed once
 
 
-def check_systems(names) -> None:
-    unknown = [n for n in names if n not in SYSTEMS]
-    if unknown:
-        raise UserError(f"unknown system {unknown[0]!r}; choose one of: {', '.join(SYSTEMS)}")
-
-
 def load_workload(cfg: SimConfig, *, train: RoutingTrace | None = None, test: RoutingTrace | None = None) -> Workload:
     """Load (or take) the traces and profiles of `cfg` and check that they fit together."""
     model, hardware = get_model_profile(cfg.model_profile), get_hardware_profile(cfg.hardware)
@@ -64,11 +56,7 @@ def load_workload(cfg: SimConfig, *, train: RoutingTrace | None = None, test: Ro
     if cfg.max_tokens is not None:
         test = test.head(cfg.max_tokens)
     for name, t in (("--trace", test), ("--train", train)):
-        if (t.num_layers, t.num_experts, t.top_k) != (model.num_layers, model.num_experts, model.top_k):
-            raise UserError(
-                f"{name} has L={t.num_layers}, E={t.num_experts}, K={t.top_k} but model profile {model.name!r} "
-                f"has L={model.num_layers}, E={model.num_experts}, K={model.top_k}; pick the matching --model-profile"
-            )
+        check_dims(name, t, model, "pick the matching --model-profile")
     uids = test.uids()
     return Workload(train, test, model, hardware, uids, FutureUses(uids, test.num_layers * test.num_experts))
 
@@ -87,13 +75,13 @@ def host_info() -> dict:
 def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     """Replay `w.test` with `cfg.system` at `cfg.residency`; the result row as a dict."""
     test = w.test
-    capacity = capacity_for(cfg.residency, test.num_layers, test.num_experts)
+    capacity = capacity_for(cfg.residency, test.num_layers, test.num_experts, test.top_k)
     start = start_placement(w.train, capacity)
     if capacity not in w.belady_misses:
         w.belady_misses[capacity] = belady_misses(w.test_uids, capacity, start, w.future)
     n_opt = w.belady_misses[capacity]
     predictor = None
-    if SYSTEMS[cfg.system].needs_predictor:
+    if system_spec(cfg.system).needs_predictor:
         if cfg.predictor not in w.predictors:
             w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
         predictor = w.predictors[cfg.predictor]

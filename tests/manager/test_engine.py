@@ -1,6 +1,6 @@
 """Copy engine ordering rules.  Run: pytest tests/sim/test_engine.py -q"""
 
-from seqmoe.sim.engine import CopyEngine
+from seqmoe.manager.engine import CopyEngine
 
 
 def test_demand_goes_ahead_of_queued_prefetches_but_does_not_interrupt():

@@ -1,4 +1,4 @@
-"""Counts of one replay and the metrics DESIGN.md asks of every run, computed the same way for all."""
+"""Counts of one run (simulated or live) and the metrics DESIGN.md asks of every run, computed the same way for all."""
 
 from __future__ import annotations
 
@@ -36,21 +36,23 @@ class SimCounts:
     """Seconds per expert copy under the hardware profile."""
 
 
-def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int) -> dict:
-    """The metrics of one run as a JSON-serialisable dict.
+def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = None) -> dict:
+    """The metrics of one run as a JSON-serialisable dict (rates 0 before the first activation).
 
     Args:
-        c: counts of the replay.
+        c: counts of the run.
         expert_bytes: bytes per expert copy.
-        belady_misses: N_opt, Belady's demand misses at the same capacity and start placement.
+        belady_misses: N_opt, Belady's demand misses at the same capacity and start placement; the
+            bound fields are left out without it (a live run does not know its future).
     """
     n = c.ready + c.late + c.misses
-    bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
-    return {
-        "hit_rate": (c.ready + c.late) / n,
-        "ready_rate": c.ready / n,
-        "late_rate": c.late / n,
-        "miss_rate": c.misses / n,
+    rate = (lambda x: x / n) if n else (lambda x: 0.0)
+    per_token = (lambda x: 1e6 * x / c.num_tokens) if c.num_tokens else (lambda x: 0.0)
+    row = {
+        "hit_rate": rate(c.ready + c.late),
+        "ready_rate": rate(c.ready),
+        "late_rate": rate(c.late),
+        "miss_rate": rate(c.misses),
         "activations": n,
         "ready": c.ready,
         "late": c.late,
@@ -63,11 +65,12 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int) -> dict:
         "stall_s": c.stall_s,
         "time_s": c.time_s,
         "full_load_time_s": c.full_load_time_s,
-        "full_load_fraction": c.full_load_time_s / c.time_s,
-        "belady_misses": belady_misses,
-        "bound_time_s": bound,
-        "bound_fraction": bound / c.time_s,
-        "tokens_per_s": c.num_tokens / c.time_s,
-        "decision_us_per_token": 1e6 * c.decision_s / c.num_tokens,
+        "full_load_fraction": c.full_load_time_s / c.time_s if c.time_s else 1.0,
+        "tokens_per_s": c.num_tokens / c.time_s if c.time_s else 0.0,
+        "decision_us_per_token": per_token(c.decision_s),
         "copy_time_s": c.copy_time_s,
     }
+    if belady_misses is not None:
+        bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
+        row.update(belady_misses=belady_misses, bound_time_s=bound, bound_fraction=bound / c.time_s)
+    return row

@@ -1,9 +1,11 @@
 """Named systems (eviction policy + predictor + prefetch scheduler), built by name.
 
-    system = build_system("on-demand-lru", SystemInputs(train=train, test=test, capacity=C))
+    system = build_system("on-demand-lru", SystemInputs(train=train, test=test, capacity=C, start=start))
 
-Systems that re-implement another project's policy are named "-style"; their modules say where
-they simplify. Oracles (`belady`, `oracle-prefetch`) read the replayed trace's future.
+Each system declares what it is and what it needs (`SystemSpec`); everything that picks systems
+(the CLI, the runtime, the benchmarks, the plots) reads these declarations instead of keeping
+lists of names. Systems that re-implement another project's policy are named "-style"; their
+modules say where they simplify. Oracles read the replayed trace's future.
 """
 
 from __future__ import annotations
@@ -18,10 +20,14 @@ from seqmoe.errors import UserError
 from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
+from seqmoe.manager.state import System
+from seqmoe.predict.base import Predictor
 from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.schedule.deadline import DeadlinePrefetcher
-from seqmoe.sim.replay import System
 from seqmoe.trace.schema import RoutingTrace
+
+ROLES = ("baseline", "seqmoe", "ablation", "oracle")
+"""What a system is: a realisable baseline, the seqmoe system, an ablation of it, or an oracle (an upper bound)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,31 +51,58 @@ class SystemSpec:
     name: str
     summary: str
     build: Callable[[SystemInputs], System]
+    role: str
+    """One of `ROLES`."""
     needs_predictor: bool
     """Needs a trained seq2seq forecaster (`SystemInputs.predictor`)."""
     learns: bool
     """Learns from the training trace (statistics, start placement); the runtime then needs `train=`."""
-    reads_future: bool
-    """An oracle: reads the replayed trace's future, so it cannot run live."""
+    forecaster: Callable[[RoutingTrace, int], Predictor] | None = None
+    """`forecaster(train, horizon)`: the system's own expert forecast, for `seqmoe eval-predictor`."""
+
+    @property
+    def reads_future(self) -> bool:
+        """An oracle: reads the replayed trace's future, so it cannot run live."""
+        return self.role == "oracle"
 
 
 SYSTEMS: dict[str, SystemSpec] = {}
 
 
-def register_system(name: str, summary: str, *, needs_predictor: bool = False, learns: bool = True,
-                    reads_future: bool = False):
+def register_system(name: str, summary: str, *, role: str = "baseline", needs_predictor: bool = False,
+                    learns: bool = True, forecaster: Callable[[RoutingTrace, int], Predictor] | None = None):
     """Decorator: register `fn(inputs) -> System` under `name`."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
     def deco(fn):
-        SYSTEMS[name] = SystemSpec(name, summary, fn, needs_predictor, learns, reads_future)
+        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster)
         return fn
 
     return deco
 
 
+def system_spec(name: str, choices=None) -> SystemSpec:
+    """The spec of system `name`; UserError naming the `choices` (default: every system) if unknown."""
+    if name not in SYSTEMS:
+        raise UserError(f"unknown system {name!r}; choose one of: {', '.join(choices or SYSTEMS)}")
+    return SYSTEMS[name]
+
+
+def check_systems(names) -> None:
+    """UserError naming the first unknown system of `names`."""
+    for name in names:
+        system_spec(name)
+
+
+def systems_with(*roles: str) -> list[str]:
+    """The systems of the given roles, in registration order."""
+    return [n for n, spec in SYSTEMS.items() if spec.role in roles]
+
+
 def oracles() -> list[str]:
     """The systems that read the future of the trace (upper bounds, not realisable)."""
-    return [n for n, spec in SYSTEMS.items() if spec.reads_future]
+    return systems_with("oracle")
 
 
 def baselines() -> list[str]:
@@ -77,11 +110,16 @@ def baselines() -> list[str]:
     return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor]
 
 
+def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[str]:
+    """Systems that can run live (no oracle): those that need a training trace only if `with_train`,
+    those that need the seq2seq forecaster only if `with_predictor`."""
+    return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
+            and (with_train or not s.learns)]
+
+
 def build_system(name: str, inputs: SystemInputs) -> System:
     """A fresh system by name (UserError naming the choices if unknown)."""
-    if name not in SYSTEMS:
-        raise UserError(f"unknown system {name!r}; choose one of: {', '.join(SYSTEMS)}")
-    return SYSTEMS[name].build(inputs)
+    return system_spec(name).build(inputs)
 
 
 @register_system("on-demand-lru", "no prefetch; evict the least recently used expert", learns=False)
@@ -94,7 +132,7 @@ def _lfu(inp: SystemInputs) -> System:
     return System("on-demand-lfu", LFUPolicy())
 
 
-@register_system("belady", "no prefetch; oracle eviction of the expert used furthest in the future", reads_future=True)
+@register_system("belady", "no prefetch; oracle eviction of the expert used furthest in the future", role="oracle")
 def _belady(inp: SystemInputs) -> System:
     t = inp.test
     return System("belady", BeladyPolicy(FutureUses(t.uids(), t.num_layers * t.num_experts)))
@@ -107,19 +145,21 @@ def _mixtral_offloading(inp: SystemInputs) -> System:
                   LayerLRUPolicy(num_layers=t.num_layers, num_experts=t.num_experts, capacity=inp.capacity))
 
 
-@register_system("moe-infinity-style", "request activation-matrix matching, decayed prefetch, activation-aware eviction")
+@register_system("moe-infinity-style", "request activation-matrix matching, decayed prefetch, activation-aware eviction",
+                 forecaster=lambda train, horizon: EAMPredictor(train, horizon=horizon))
 def _moe_infinity(inp: SystemInputs) -> System:
     pred = EAMPredictor(inp.train)
     return System("moe-infinity-style", EAMPolicy(pred), pred, GreedyPrefetcher(min_prob=0.7, decay=True))
 
 
-@register_system("affinity-style", "inter-layer transition statistics, prefetch of likely next experts, LRU")
+@register_system("affinity-style", "inter-layer transition statistics, prefetch of likely next experts, LRU",
+                 forecaster=lambda train, horizon: AffinityPredictor(train, horizon=horizon))
 def _affinity(inp: SystemInputs) -> System:
     return System("affinity-style", LRUPolicy(), AffinityPredictor(inp.train), GreedyPrefetcher(min_prob=0.3))
 
 
 @register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction",
-                 reads_future=True)
+                 role="oracle")
 def _oracle(inp: SystemInputs) -> System:
     t = inp.test
     uids = t.uids()
@@ -146,13 +186,15 @@ def _seq(inp: SystemInputs):
     return inp.predictor
 
 
-@register_system("seqmoe", "seq2seq forecast, deadline-aware joint prefetch, probabilistic Belady eviction", needs_predictor=True)
+@register_system("seqmoe", "seq2seq forecast, deadline-aware joint prefetch, probabilistic Belady eviction",
+                 role="seqmoe", needs_predictor=True)
 def _seqmoe(inp: SystemInputs) -> System:
     policy = ForecastPolicy.from_trace(inp.train)
     return System("seqmoe", policy, _seq(inp), DeadlinePrefetcher(policy))
 
 
-@register_system("seqmoe-greedy-prefetch", "ablation: seqmoe with greedy threshold prefetch instead of deadline scheduling", needs_predictor=True)
+@register_system("seqmoe-greedy-prefetch", "ablation: seqmoe with greedy threshold prefetch instead of deadline scheduling",
+                 role="ablation", needs_predictor=True)
 def _seqmoe_greedy(inp: SystemInputs) -> System:
     policy = ForecastPolicy.from_trace(inp.train)
     return System("seqmoe-greedy-prefetch", policy, _seq(inp), _Feeding(policy, GreedyPrefetcher(min_prob=0.3)))
@@ -171,20 +213,22 @@ class _LRUVictims(ForecastPolicy):
         return self.victim(-1, ()), False
 
 
-@register_system("seqmoe-lru-eviction", "ablation: seqmoe with LRU eviction instead of probabilistic Belady", needs_predictor=True)
+@register_system("seqmoe-lru-eviction", "ablation: seqmoe with LRU eviction instead of probabilistic Belady",
+                 role="ablation", needs_predictor=True)
 def _seqmoe_lru(inp: SystemInputs) -> System:
     policy = _LRUVictims.from_trace(inp.train)
     return System("seqmoe-lru-eviction", policy, _seq(inp), DeadlinePrefetcher(policy))
 
 
-@register_system("seqmoe-markov-forecast", "ablation: seqmoe with a first-order Markov (affinity) forecast instead of seq2seq")
+@register_system("seqmoe-markov-forecast", "ablation: seqmoe with a first-order Markov (affinity) forecast instead of seq2seq",
+                 role="ablation")
 def _seqmoe_markov(inp: SystemInputs) -> System:
     policy = ForecastPolicy.from_trace(inp.train)
     return System("seqmoe-markov-forecast", policy, AffinityPredictor(inp.train), DeadlinePrefetcher(policy))
 
 
 @register_system("seqmoe-oracle-forecast", "seqmoe's scheduler and eviction fed the true next 20 tokens: its upper bound",
-                 reads_future=True)
+                 role="oracle")
 def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
     t = inp.test
     policy = ForecastPolicy.from_trace(inp.train)

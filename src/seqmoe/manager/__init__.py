@@ -1,0 +1,31 @@
+"""The memory manager: which experts hold the device slots, decided one position at a time.
+
+One state machine, driven the same way by the simulator (over a recorded trace) and by the
+runtime's control plane (over a live model's routers):
+
+    system = build_system("seqmoe", SystemInputs(train=train, test=test, capacity=C, start=start, predictor=p))
+    driver = Driver(build_manager(system, model=model_profile, hardware=hw, capacity=C, start=start))
+    driver.token_start(token_id, new_request); driver.reveal(layer, ids); driver.layer_end(layer)
+    summarize(driver.finish(), expert_bytes=model_profile.expert_bytes)
+
+Parts: `state` (the state machine and its `System` of policy, predictor and scheduler), `engine`
+(the copy channel), `driver` (the clock and the call order), `placement` (capacity, start
+placement, the checks of the inputs), `counts` (counts and the metric summary), `systems` (the
+named systems and what each declares).
+"""
+
+from seqmoe.manager.counts import SimCounts, summarize
+from seqmoe.manager.driver import Driver
+from seqmoe.manager.placement import capacity_for, check_capacity, check_dims, check_residency, start_placement
+from seqmoe.manager.state import MemoryManager, PoolObserver, System
+from seqmoe.manager.systems import SYSTEMS, SystemInputs, SystemSpec, build_system, system_spec
+
+
+def build_manager(system: System, *, model, hardware, capacity: int, start, observer: PoolObserver | None = None):
+    """The state machine that runs `system` over `capacity` slots from the `start` placement."""
+    return MemoryManager(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
+
+
+__all__ = ["Driver", "MemoryManager", "PoolObserver", "System", "SimCounts", "summarize", "SYSTEMS", "SystemInputs",
+           "SystemSpec", "build_manager", "build_system", "system_spec", "capacity_for", "check_capacity",
+           "check_dims", "check_residency", "start_placement"]

@@ -1,0 +1,67 @@
+"""Capacity, the start placement every system shares, and the checks of a manager's inputs.
+
+    C = capacity_for(residency, L, E, K)      # floor(r * L * E) slots; UserError unless 0 < r <= 1 and C >= K
+    start = start_placement(train, C)         # the C experts used most often in the training split
+    check_dims("--trace", trace, model)       # a trace's L, E, K against the model's
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqmoe.errors import UserError
+from seqmoe.trace.schema import RoutingTrace
+
+
+def check_residency(residency: float) -> None:
+    """UserError unless 0 < residency <= 1."""
+    if not 0.0 < residency <= 1.0:
+        raise UserError(f"residency must be in (0, 1], got {residency}")
+
+
+def check_capacity(capacity: int, top_k: int, residency: float | None = None, num_uids: int | None = None) -> None:
+    """UserError unless `capacity` slots hold one layer's top-k experts (named by the residency when given)."""
+    if capacity >= top_k:
+        return
+    if residency is None or num_uids is None:
+        raise UserError(f"{capacity} slots cannot hold one layer's top-{top_k} experts; raise the residency")
+    raise UserError(f"residency {residency} gives {capacity} slots for {num_uids} experts, fewer than the top-{top_k} "
+                    f"experts one layer needs; use residency >= {top_k / num_uids:.4g}")
+
+
+def capacity_for(residency: float, num_layers: int, num_experts: int, top_k: int = 1) -> int:
+    """C = floor(r * L * E) slots for residency r in (0, 1]; UserError when they cannot hold top-k experts."""
+    check_residency(residency)
+    capacity = int(np.floor(residency * num_layers * num_experts + 1e-9))
+    check_capacity(capacity, top_k, residency, num_layers * num_experts)
+    return capacity
+
+
+def dims(x) -> tuple[int, int, int]:
+    """(L, E, K) of a trace, a model profile, or anything with `num_layers`, `num_experts`, `top_k`."""
+    return int(x.num_layers), int(x.num_experts), int(x.top_k)
+
+
+def check_dims(what: str, got, want, hint: str = "pick the profile of the model the trace was recorded from", *,
+               against: str | None = None) -> None:
+    """UserError unless `got` and `want` (traces, profiles, predictors' configs) share L, E and K.
+
+    The message calls `want` `against`, else by its `name` (a model profile), else "the model".
+    """
+    a, b = dims(got), dims(want)
+    if a != b:
+        name = getattr(want, "name", None)
+        of = against or (f"model profile {name!r}" if name else "the model")
+        raise UserError(f"{what} has L={a[0]}, E={a[1]}, K={a[2]} but {of} has L={b[0]}, E={b[1]}, K={b[2]}; {hint}")
+
+
+def uid_counts(trace: RoutingTrace) -> np.ndarray:
+    """[L * E] int64: how often each global expert id is used in `trace`."""
+    return np.bincount(trace.uids().reshape(-1), minlength=trace.num_layers * trace.num_experts)
+
+
+def start_placement(train: RoutingTrace, capacity: int) -> list[int]:
+    """The `capacity` uids used most often in `train`, most used first, ties by lower uid."""
+    counts = uid_counts(train)
+    order = np.lexsort((np.arange(len(counts)), -counts))
+    return order[:capacity].tolist()

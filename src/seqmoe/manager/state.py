@@ -1,0 +1,308 @@
+"""The memory manager's state machine: slots, the copy engine, and the system deciding over them.
+
+DESIGN.md's protocol, one position (token, layer) at a time. Each token first pays the non-MoE
+time (dense layers, lm_head), then passes the L MoE layers. At a layer: the non-expert part
+(attention, router) runs, the router reveals the K experts, the experts run once all of them are
+present. At the reveal the system decides: eviction for demand copies, then the predictor observes
+and the scheduler may issue prefetches. A second decision point sits at the start of each token
+(the token id is known there) and, for schedulers that replan, a third after each layer's experts.
+
+    manager = MemoryManager(system, model=..., hardware=..., capacity=C, start=placement)
+    driver = Driver(manager)     # seqmoe.manager.driver: the virtual clock and the call order
+
+The simulator (`seqmoe.sim.simulate`) drives it over a trace; the runtime (`seqmoe.runtime`) drives
+the very same object live, with an `observer` that mirrors every load and eviction into real slots.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from seqmoe.cache.base import EvictionPolicy
+from seqmoe.errors import UserError
+from seqmoe.manager.counts import SimCounts
+from seqmoe.manager.engine import CopyEngine
+from seqmoe.manager.placement import check_capacity
+from seqmoe.predict.base import Predictor
+from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_times_s, token_overhead_s
+from seqmoe.schedule.base import Prefetcher
+
+_PACE_WEIGHT = 0.05  # moving-average weight of the newest layer in the measured pace
+
+
+@dataclass
+class System:
+    """A memory manager's decision makers: eviction policy, optionally a predictor and a prefetch scheduler."""
+
+    name: str
+    policy: EvictionPolicy
+    predictor: Predictor | None = None
+    prefetcher: Prefetcher | None = None
+
+
+class PoolObserver(Protocol):
+    """Hears about slot changes as the state machine decides them (the runtime's data plane mirrors them)."""
+
+    def on_load(self, uid: int, demand: bool, deadline_step: int) -> None:
+        """`uid` got a slot and its copy was queued (a demand copy, or a prefetch due by `deadline_step`)."""
+
+    def on_promote(self, uid: int) -> None:
+        """The queued prefetch of `uid` is needed now: it moves to the demand queue."""
+
+    def on_evict(self, uid: int) -> None:
+        """`uid` lost its slot (evicted, or its queued prefetch cancelled)."""
+
+
+class MemoryManager:
+    """Slots, copy engine and counts of one run, decided by `system`; also the `PoolView` its scheduler sees.
+
+    Args:
+        system: the decision makers; the policy is reset here from `start`.
+        model, hw: the cost model (L, E, K come from the model profile).
+        capacity: C, slots in the pool (at least K).
+        start: the start placement, at most C uids (`seqmoe.manager.start_placement`).
+        observer: told of every load, promotion and eviction (the runtime's data plane).
+    """
+
+    def __init__(self, system: System, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
+                 observer: PoolObserver | None = None) -> None:
+        self.observer = observer
+        self.num_layers, self.num_experts, self.top_k = model.num_layers, model.num_experts, model.top_k
+        hw = hardware
+        check_capacity(capacity, self.top_k)
+        if len(start) > capacity:
+            raise UserError(f"start placement of {len(start)} experts exceeds the {capacity} slots")
+        self.capacity = capacity
+        self.system = system
+        self.non_expert_s, self.per_expert_s = layer_times_s(model, hw)
+        self.token_s = token_overhead_s(model, hw)
+        self.layer_s = self.non_expert_s + self.top_k * self.per_expert_s
+        self.copy_time_s = copy_time_s(model, hw)
+        self.engine = CopyEngine(self.copy_time_s)
+        n = self.num_layers * self.num_experts
+        self._present = bytearray(n)
+        self._unused_prefetch = bytearray(n)
+        self.pinned: set[int] = set()  # copies not finished, plus the current layer's experts
+        self._pending: set[int] = set()  # copies not finished
+        for uid in start:
+            self._present[int(uid)] = 1
+        self.num_present = len(start)
+        system.policy.reset([int(u) for u in start])
+        self.c = SimCounts()
+        self.step, self.now = -1, 0.0
+        self.pace_s = self.layer_s  # measured time per layer (moving average), stalls included
+        self.replans = bool(getattr(system.prefetcher, "replan_after_compute", False))
+        """Wants `layer_end` after each layer's experts (the driver skips the call otherwise)."""
+        self.wants_ids = system.predictor is not None
+        """Reads the routed expert ids at each reveal (a predictor observes them)."""
+
+    @property
+    def copies(self) -> int:
+        """Copies started so far, demand and prefetch."""
+        return self.engine.started
+
+    def finish(self) -> None:
+        """The run ended: every queued copy runs (and counts)."""
+        self.engine.advance(float("inf"))
+
+    def begin_request(self) -> None:
+        """A new request starts: the predictor forgets the request-level history."""
+        if self.system.predictor is not None:
+            self.system.predictor.begin_request()
+
+    # -- PoolView -------------------------------------------------------------------------------
+    def present(self, uid: int) -> bool:
+        return bool(self._present[uid])
+
+    def present_mask(self) -> np.ndarray:
+        return np.frombuffer(self._present, dtype=np.uint8)
+
+    def eta(self, step):
+        tokens_crossed = step // self.num_layers - self.step // self.num_layers
+        return self.now + (step - self.step) * self.pace_s + tokens_crossed * self.token_s
+
+    def backlog_end(self) -> float:
+        return self.engine.backlog_end(self.now)
+
+    def victim(self, incoming: int) -> int | None:
+        if self.num_present < self.capacity:
+            return None
+        return self.system.policy.victim(incoming, self.pinned)
+
+    def prefetch(self, uid: int, deadline_step: int, victim: int | None = None) -> bool:
+        if self._present[uid]:
+            return True
+        if not self._make_room(uid, victim):
+            return False
+        self._load(uid, self.step)
+        self._unused_prefetch[uid] = 1
+        self.c.prefetches += 1
+        self.engine.prefetch(uid, deadline_step, self.now)
+        if self.observer is not None:
+            self.observer.on_load(uid, False, deadline_step)
+        return True
+
+    def cancel(self, uid: int) -> bool:
+        if uid not in self._pending or not self._unused_prefetch[uid] or not self.engine.cancel(uid):
+            return False  # not a queued prefetch: running, done, a demand copy, or needed now
+        self._free_cancelled(uid)
+        return True
+
+    # -- internals ------------------------------------------------------------------------------
+    def _make_room(self, incoming: int, victim: int | None = None) -> bool:
+        if self.num_present < self.capacity:
+            return True
+        if victim is not None and self._present[victim]:
+            if victim in self.pinned:
+                return False
+            v = victim
+        else:
+            v = self.system.policy.victim(incoming, self.pinned)
+        if v is None:
+            return False
+        self.system.policy.remove(v)
+        self._present[v] = 0
+        self.num_present -= 1
+        if self.observer is not None:
+            self.observer.on_evict(v)
+        if self._unused_prefetch[v]:
+            self._unused_prefetch[v] = 0
+            self.c.wasted_copies += 1
+        return True
+
+    def _reclaim_prefetch(self, needed: list[int]) -> bool:
+        """Every slot is pinned: cancel the queued prefetch needed last and take its slot."""
+        uid = self.engine.cancel_latest_prefetch(needed)
+        if uid is None:
+            return False
+        self._free_cancelled(uid)
+        return True
+
+    def _await_running(self, uid: int, needed: list[int], added: list[int]) -> bool:
+        """Every slot holds this layer's experts or a copy already started (at capacity K with a
+        prefetch in flight). The demand copy of `uid` would queue behind the running copy anyway:
+        let that copy land first (a prefetch for a later layer then becomes evictable, its copy
+        wasted; an expert of this layer stays pinned to the layer's end) and make room."""
+        t = self.engine.running_until()
+        if t is None:
+            return False
+        keep = set(needed)
+        for u in self.engine.advance(t):
+            self._pending.discard(u)
+            if u in keep:
+                added.append(u)  # unpinned with the layer's other experts at its end
+            else:
+                self.pinned.discard(u)
+        return self._make_room(uid)
+
+    def _free_cancelled(self, uid: int) -> None:
+        """A queued prefetch of `uid` was cancelled before its copy started: give its slot back."""
+        self.system.policy.remove(uid)
+        self._present[uid] = self._unused_prefetch[uid] = 0
+        self._pending.discard(uid)
+        self.pinned.discard(uid)
+        self.num_present -= 1
+        self.c.cancelled += 1
+        if self.observer is not None:
+            self.observer.on_evict(uid)
+
+    def _load(self, uid: int, step: int) -> None:
+        self._present[uid] = 1
+        self.num_present += 1
+        self._pending.add(uid)
+        self.pinned.add(uid)
+        self.system.policy.insert(uid, step)
+
+    def _finish_copies(self, t: float) -> None:
+        for uid in self.engine.advance(t):
+            self._pending.discard(uid)
+            self.pinned.discard(uid)
+
+    def _decide(self, ids) -> None:
+        sys = self.system
+        if sys.predictor is not None and ids is not None:
+            sys.predictor.observe(self.step, ids)
+        if sys.prefetcher is not None:
+            forecast = sys.predictor.predict(self.step) if sys.predictor is not None else None
+            sys.prefetcher.plan(forecast, self)
+
+    def layer(self, step: int, needed: list[int], ids: np.ndarray | None, reveal: float) -> float:
+        """Serve one layer whose router reveals `needed` uids at time `reveal`; returns expert start."""
+        self.step, self.now = step, reveal
+        self._finish_copies(reveal)
+        c, policy, engine, present = self.c, self.system.policy, self.engine, self._present
+        pinned = self.pinned
+        added = [u for u in needed if u not in pinned]
+        pinned.update(added)
+        t0 = time.perf_counter()
+        start, waiting = reveal, []
+        for uid in needed:
+            if not present[uid]:
+                continue
+            if uid in self._pending:  # issued before the reveal: a hit, late
+                c.late += 1
+                done = engine.done_at.get(uid)
+                if done is None:  # still queued: the layer needs it now
+                    engine.promote(uid, reveal)
+                    waiting.append(uid)
+                    if self.observer is not None:
+                        self.observer.on_promote(uid)
+                elif done > start:
+                    start = done
+            else:
+                c.ready += 1
+            self._unused_prefetch[uid] = 0
+            policy.access(uid, step)
+        for uid in needed:
+            if present[uid]:
+                continue
+            c.misses += 1
+            if not (self._make_room(uid) or self._reclaim_prefetch(needed) or self._await_running(uid, needed, added)):
+                raise UserError(f"no slot can be freed at position {step}: {self.capacity} slots are all copying")
+            self._load(uid, step)
+            engine.demand(uid, reveal)
+            if self.observer is not None:
+                self.observer.on_load(uid, True, step)
+            policy.access(uid, step)
+            waiting.append(uid)
+        if waiting:
+            finish = engine.demand_finish_times()
+            for uid in waiting:
+                t = finish.get(uid, engine.done_at.get(uid, reveal))
+                if t > start:
+                    start = t
+        self._decide(ids)
+        c.decision_s += time.perf_counter() - t0
+        for uid in added:
+            if uid not in self._pending:
+                pinned.discard(uid)
+        c.stall_s += start - reveal
+        # The pace includes stalls, so deadlines follow the speed the run really has.
+        self.pace_s += _PACE_WEIGHT * (self.layer_s + start - reveal - self.pace_s)
+        return start
+
+    def layer_end(self, step: int, now: float) -> None:
+        """The layer at `step` finished computing: its experts unpin; some prefetchers plan again."""
+        self.step, self.now = step, now
+        self._finish_copies(now)
+        t0 = time.perf_counter()
+        self.system.prefetcher.plan(None, self)
+        self.c.decision_s += time.perf_counter() - t0
+
+    def token_start(self, step: int, now: float, token_id: int | None) -> None:
+        self.step, self.now = step - 1, now
+        self._finish_copies(now)
+        pred, pre = self.system.predictor, self.system.prefetcher
+        if pred is None and pre is None:
+            return
+        t0 = time.perf_counter()
+        if pred is not None:
+            pred.begin_token(step, token_id)
+        self._decide(None)
+        self.c.decision_s += time.perf_counter() - t0
+
+
