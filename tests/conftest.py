@@ -61,3 +61,19 @@ def shared_traces() -> Path:
     if found is None:
         pytest.skip("real traces not found (shared/data/traces); set SEQMOE_SHARED to the shared folder")
     return found
+
+
+@pytest.fixture(scope="session")
+def tiny_forecaster(tmp_path_factory):
+    """(folder, train, test): a seq2seq forecaster trained for one quick epoch on a random trace."""
+    pytest.importorskip("torch")
+    from seqmoe.predict.train import train_seq_predictor
+    from seqmoe.trace.io import save_trace
+
+    d = tmp_path_factory.mktemp("seq")
+    train, test = make_trace(num_tokens=300, seed=21), make_trace(num_tokens=80, seed=22)
+    train_seq_predictor(train, d / "pred", epochs=1, hash_buckets=64, embed_dim=16, hidden_dim=16, query_dim=16,
+                        num_streams=4, window=8, max_minutes=None, progress=False)
+    save_trace(train, d / "train.safetensors")
+    save_trace(test, d / "test.safetensors")
+    return d, train, test

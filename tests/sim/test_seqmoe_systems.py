@@ -13,7 +13,6 @@ from seqmoe.cli import main
 from seqmoe.errors import UserError
 from seqmoe.predict.seqmodel import load_seq_predictor
 from seqmoe.manager.systems import SYSTEMS
-from seqmoe.trace.io import save_trace
 from tests.conftest import make_trace
 from tests.sim.test_replay import replay
 
@@ -22,16 +21,8 @@ SEQ = [n for n, spec in SYSTEMS.items() if spec.needs_predictor] + ["seqmoe-mark
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    from seqmoe.predict.train import train_seq_predictor
-
-    d = tmp_path_factory.mktemp("seq")
-    train, test = make_trace(num_tokens=300, seed=21), make_trace(num_tokens=80, seed=22)
-    train_seq_predictor(train, d / "pred", epochs=1, hash_buckets=64, embed_dim=16, hidden_dim=16, query_dim=16,
-                        num_streams=4, window=8, max_minutes=None, progress=False)
-    save_trace(train, d / "train.safetensors")
-    save_trace(test, d / "test.safetensors")
-    return d, train, test
+def tiny(tiny_forecaster):
+    return tiny_forecaster
 
 
 def test_seqmoe_systems_keep_the_invariants(tiny):

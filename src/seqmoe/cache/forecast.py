@@ -31,7 +31,7 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 
-from seqmoe.cache.forecast_entries import EntriesAhead, entry_terms, first_use, no_entries, sparse_entries, survival
+from seqmoe.cache.forecast_entries import EntriesAhead, first_use, no_entries, sparse_entries
 from seqmoe.cache.reuse import ReuseTable, fitted_reuse_table, gap_class, log2_bucket
 from seqmoe.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
@@ -88,7 +88,6 @@ class ForecastPolicy:
         self._tick = len(start)
         self._steps: np.ndarray | None = None  # [H] rows of the latest forecast
         self._entries = no_entries()  # its sparse entries (uid, step, p), by uid then step
-        self._entry_terms = entry_terms(self._entries[2])  # their (certain, log(1 - p)), elementwise
         self._step = -1  # latest position known to be revealed
         self._version = 0  # bumped by every new forecast
         self._mut = 0  # bumped by every change of the resident set or of the recency state
@@ -102,6 +101,7 @@ class ForecastPolicy:
         self._prior_key: tuple[int, int] | None = None
         self._prior_cache = self._geometric
         self._disc = np.zeros(0)  # exp(-d / tau) for d = 0, 1, ... (the discount of d positions)
+        self._grow = np.zeros(0)  # exp(d / tau)
         self._layer_disc: dict = {}  # (end, cur) -> first position of each layer after end, its discount
 
     def insert(self, uid: int, step: int) -> None:
@@ -130,7 +130,6 @@ class ForecastPolicy:
         if forecast is not None:
             self._steps = np.asarray(forecast.steps, dtype=np.int64)
             self._entries = sparse_entries(self._steps, forecast.probs, self._L, self._E, self.floor)
-            self._entry_terms = entry_terms(self._entries[2])
             self._version += 1
         self._step = max(self._step, step)
 
@@ -197,10 +196,6 @@ class ForecastPolicy:
         values = self.values()
         ahead = self._ahead()
         likely = ahead.likely_before(step, max_harm)
-        if likely is None:  # the threshold shortcut does not apply: sum the survival directly
-            uid, s, p = self._entries
-            m = (s > self._step) & (s < step)
-            likely = survival(uid[m], p[m], n) < 1.0 - max_harm
         busy = self._resident & likely  # likely used before `step`
         free = np.where(busy, np.inf, values)
         victim = self.cheapest_resident(free)
@@ -215,17 +210,13 @@ class ForecastPolicy:
         later = self._tail(step - 1, idx)  # a busy uid without entries from `step` on: value 0, stay 1
         if len(used) and not np.any(used[1:] == used[:-1]):
             # At most one entry per uid: its first-use probability is p itself and its no-use
-            # probability exp(log(1 - p)) (0 if certain), the very numbers `first_use` computes
-            # for a group of one entry, so no running sum over the other uids is needed.
+            # probability 1 - p, the very numbers `first_use` computes for a group of one entry.
             at = np.searchsorted(idx, used)
-            stay = np.where(ahead.certain[sel], 0.0, np.exp(ahead.log_stay[sel]))
-            later[at] = ahead.p[sel] * self._discount(ahead.s[sel] - (step - 1)) + stay * later[at]
+            later[at] = ahead.p[sel] * self._discount(ahead.s[sel] - (step - 1)) + (1.0 - ahead.p[sel]) * later[at]
         elif len(used):
-            certain, log_stay = ahead.certain[sel], ahead.log_stay[sel]
-            value, stay = first_use(used, ahead.s[sel], ahead.p[sel], step - 1, self.tau, n,
-                                     certain=certain, log_stay=log_stay, only=idx)
+            value, stay = first_use(used, ahead.s[sel], ahead.p[sel], step - 1, self.tau, n, only=idx)
             later = value + stay * later
-        shift = np.exp((step - 1 - self._step) / self.tau)  # the free ones' values, seen from step - 1
+        shift = self._growth(step - 1 - self._step)  # the free ones' values, seen from step - 1
         return victim, bool(later.min() < free[victim] * shift)
 
     def first_uses(self, min_prob: float) -> tuple[np.ndarray, np.ndarray]:
@@ -270,23 +261,14 @@ class ForecastPolicy:
         a = self._ahead_cache
         if a is None or a.key != (self._step, self._version):
             uid, s, p = self._entries
-            certain, log_stay = self._entry_terms
             m = s > self._step
-            a = self._ahead_cache = EntriesAhead((self._step, self._version), uid[m], s[m], p[m], certain[m],
-                                           log_stay[m], self._L * self._E)
+            a = self._ahead_cache = EntriesAhead((self._step, self._version), uid[m], s[m], p[m], self._L * self._E)
         return a
 
     def _compute(self, cur: int) -> tuple[np.ndarray, np.ndarray]:
-        """With positions <= `cur` revealed: keep values [L * E] and P(no forecast use) [L * E]."""
-        if cur == self._step:
-            a = self._ahead()
-            uid, s, p, certain, log_stay = a.uid, a.s, a.p, a.certain, a.log_stay
-        else:
-            uid, s, p = self._entries
-            m = s > cur
-            uid, s, p = uid[m], s[m], p[m]
-            certain, log_stay = self._entry_terms[0][m], self._entry_terms[1][m]
-        value, survive = first_use(uid, s, p, cur, self.tau, self._L * self._E, certain=certain, log_stay=log_stay)
+        """With positions <= `cur` (the current one) revealed: keep values [L * E] and P(no forecast use) [L * E]."""
+        a = self._ahead()
+        value, survive = first_use(a.uid, a.s, a.p, cur, self.tau, self._L * self._E, before=a.before, after=a.after)
         return value + survive * self._tail(cur), survive
 
     def _tail(self, cur: int, idx: np.ndarray | None = None) -> np.ndarray:
@@ -333,8 +315,14 @@ class ForecastPolicy:
         """exp(-d / tau) for integer distances d >= 0 (looked up: the numbers np.exp gives for them)."""
         top = int(d.max()) if len(d) else 0
         if top >= len(self._disc):
-            self._disc = np.exp(-np.arange(max(2 * top + 1, 64)) / self.tau)
+            self._disc = discount_table(self.tau, max(2 * top + 1, 64))[0]
         return self._disc[d]
+
+    def _growth(self, d: int) -> float:
+        """exp(d / tau) for an integer d >= 0, from the same table as the compiled manager's."""
+        if d >= len(self._grow):
+            self._grow = discount_table(self.tau, max(2 * d + 1, 64))[1]
+        return float(self._grow[d])
 
     def _reuse_classes(self) -> np.ndarray:
         """[L * E] row of `reuse.values` for each uid (`ReuseTable.lookup`'s), kept until a use."""
@@ -345,6 +333,12 @@ class ForecastPolicy:
                 cls = cls + gap_class(self._prev_gap, reuse.num_gap_classes)
             self._classes = cls
         return self._classes
+
+
+def discount_table(tau: float, size: int) -> np.ndarray:
+    """[2, size]: exp(-d / tau) and exp(d / tau) for d = 0 .. size - 1."""
+    d = np.arange(size)
+    return np.stack([np.exp(-d / tau), np.exp(d / tau)])
 
 
 def _as_index(pinned: Container[int], resident: np.ndarray) -> np.ndarray:

@@ -21,9 +21,15 @@ from seqmoe.manager.state import MemoryManager, PoolObserver, System
 from seqmoe.manager.systems import SYSTEMS, SystemInputs, SystemSpec, build_system, system_spec
 
 
-def build_manager(system: System, *, model, hardware, capacity: int, start, observer: PoolObserver | None = None):
-    """The state machine that runs `system` over `capacity` slots from the `start` placement."""
-    return MemoryManager(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
+def build_manager(system: System, *, model, hardware, capacity: int, start, observer: PoolObserver | None = None,
+                  compiled: bool = True):
+    """The state machine that runs `system` over `capacity` slots from the `start` placement: the
+    compiled one when the system qualifies (`compilable`) and `compiled`, else the reference
+    `MemoryManager`. Both make the same decisions."""
+    from seqmoe.manager.compiled import CompiledManager, compilable
+
+    cls = CompiledManager if compiled and compilable(system) else MemoryManager
+    return cls(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
 
 
 __all__ = ["Driver", "MemoryManager", "PoolObserver", "System", "SimCounts", "summarize", "SYSTEMS", "SystemInputs",

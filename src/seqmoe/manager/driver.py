@@ -43,14 +43,16 @@ class Driver:
         self.clock += self.manager.token_s
         self.manager.token_start(self.tokens * self.L, self.clock, token_id)
 
-    def reveal(self, layer: int, ids: np.ndarray, uids: list[int] | None = None) -> None:
+    def reveal(self, layer: int, ids: np.ndarray, uids=None) -> None:
         """Layer `layer` of the current token routed to `ids` ([K] expert ids); `uids`: the same as
-        global ids (`layer * E + id`) when the caller has them at hand. The clock moves to when the
-        layer's experts can start."""
+        global ids (`layer * E + id`) when the caller has them at hand, in the form the manager takes
+        (`takes_arrays`: an int64 array, else a list). The clock moves to when the layer's experts can start."""
         if uids is None:
             if int(ids.max()) >= self.E or int(ids.min()) < 0:
                 raise UserError(f"an expert index outside 0..{self.E - 1} was routed: expert parallelism is not supported")
-            uids = (ids + self._base[layer]).tolist()
+            uids = ids.astype(np.int64) + self._base[layer]
+            if not self.manager.takes_arrays:
+                uids = uids.tolist()
         m = self.manager
         reveal = self.clock + m.non_expert_s
         self.clock = m.layer(self.tokens * self.L + layer, uids, ids if m.wants_ids else None, reveal)

@@ -31,7 +31,8 @@ from seqmoe.predict.base import Predictor
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_times_s, token_overhead_s
 from seqmoe.schedule.base import Prefetcher
 
-_PACE_WEIGHT = 0.05  # moving-average weight of the newest layer in the measured pace
+PACE_WEIGHT = 0.05
+"""Moving-average weight of the newest layer in the measured pace."""
 
 
 @dataclass
@@ -57,31 +58,51 @@ class PoolObserver(Protocol):
         """`uid` lost its slot (evicted, or its queued prefetch cancelled)."""
 
 
-class MemoryManager:
-    """Slots, copy engine and counts of one run, decided by `system`; also the `PoolView` its scheduler sees.
+class ManagerBase:
+    """What every memory manager shares: dimensions, the cost model, the checks of its inputs.
 
     Args:
-        system: the decision makers; the policy is reset here from `start`.
-        model, hw: the cost model (L, E, K come from the model profile).
+        system: the decision makers.
+        model, hardware: the cost model (L, E, K come from the model profile).
         capacity: C, slots in the pool (at least K).
         start: the start placement, at most C uids (`seqmoe.manager.start_placement`).
         observer: told of every load, promotion and eviction (the runtime's data plane).
     """
 
-    def __init__(self, system: System, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
+    takes_arrays = False
+    """`layer` takes the routed uids as an int64 array (else as a list of ints)."""
+
+    def __init__(self, system, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
                  observer: PoolObserver | None = None) -> None:
         self.observer = observer
         self.num_layers, self.num_experts, self.top_k = model.num_layers, model.num_experts, model.top_k
-        hw = hardware
         check_capacity(capacity, self.top_k)
         if len(start) > capacity:
             raise UserError(f"start placement of {len(start)} experts exceeds the {capacity} slots")
         self.capacity = capacity
         self.system = system
-        self.non_expert_s, self.per_expert_s = layer_times_s(model, hw)
-        self.token_s = token_overhead_s(model, hw)
+        self.non_expert_s, self.per_expert_s = layer_times_s(model, hardware)
+        self.token_s = token_overhead_s(model, hardware)
         self.layer_s = self.non_expert_s + self.top_k * self.per_expert_s
-        self.copy_time_s = copy_time_s(model, hw)
+        self.copy_time_s = copy_time_s(model, hardware)
+        self.replans = bool(getattr(system.prefetcher, "replan_after_compute", False))
+        """Wants `layer_end` after each layer's experts (the driver skips the call otherwise)."""
+        self.wants_ids = system.predictor is not None
+        """Reads the routed expert ids at each reveal (a predictor observes them)."""
+
+    def begin_request(self) -> None:
+        """A new request starts: the predictor forgets the request-level history."""
+        if self.system.predictor is not None:
+            self.system.predictor.begin_request()
+
+
+class MemoryManager(ManagerBase):
+    """Slots, copy engine and counts of one run, decided by `system` (Python objects, any policy,
+    predictor and scheduler); also the `PoolView` its scheduler sees. Arguments: `ManagerBase`."""
+
+    def __init__(self, system: System, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
+                 observer: PoolObserver | None = None) -> None:
+        super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
         self.engine = CopyEngine(self.copy_time_s)
         n = self.num_layers * self.num_experts
         self._present = bytearray(n)
@@ -95,10 +116,6 @@ class MemoryManager:
         self.c = SimCounts()
         self.step, self.now = -1, 0.0
         self.pace_s = self.layer_s  # measured time per layer (moving average), stalls included
-        self.replans = bool(getattr(system.prefetcher, "replan_after_compute", False))
-        """Wants `layer_end` after each layer's experts (the driver skips the call otherwise)."""
-        self.wants_ids = system.predictor is not None
-        """Reads the routed expert ids at each reveal (a predictor observes them)."""
 
     @property
     def copies(self) -> int:
@@ -108,11 +125,6 @@ class MemoryManager:
     def finish(self) -> None:
         """The run ended: every queued copy runs (and counts)."""
         self.engine.advance(float("inf"))
-
-    def begin_request(self) -> None:
-        """A new request starts: the predictor forgets the request-level history."""
-        if self.system.predictor is not None:
-            self.system.predictor.begin_request()
 
     # -- PoolView -------------------------------------------------------------------------------
     def present(self, uid: int) -> bool:
@@ -282,7 +294,7 @@ class MemoryManager:
                 pinned.discard(uid)
         c.stall_s += start - reveal
         # The pace includes stalls, so deadlines follow the speed the run really has.
-        self.pace_s += _PACE_WEIGHT * (self.layer_s + start - reveal - self.pace_s)
+        self.pace_s += PACE_WEIGHT * (self.layer_s + start - reveal - self.pace_s)
         return start
 
     def layer_end(self, step: int, now: float) -> None:

@@ -22,6 +22,7 @@ from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.manager.state import System
 from seqmoe.predict.base import Predictor
+from seqmoe.predict.seqmodel import DEFAULT_WINDOW
 from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.schedule.deadline import DeadlinePrefetcher
 from seqmoe.trace.schema import RoutingTrace
@@ -180,10 +181,12 @@ class _Feeding:
 
 
 def _seq(inp: SystemInputs):
+    """The system's own forecaster: the trained one, with the memory manager's forecast window."""
     if inp.predictor is None:
         raise UserError("this system needs a trained forecaster: pass --predictor DIR (see `seqmoe train`)")
-    inp.predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
-    return inp.predictor
+    predictor = inp.predictor.with_window(DEFAULT_WINDOW)
+    predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
+    return predictor
 
 
 @register_system("seqmoe", "seq2seq forecast, deadline-aware joint prefetch, probabilistic Belady eviction",
@@ -202,6 +205,8 @@ def _seqmoe_greedy(inp: SystemInputs) -> System:
 
 class _LRUVictims(ForecastPolicy):
     """Ablation: keep the forecast valuation (the scheduler's profits) but evict least recently used."""
+
+    evicts_least_recent = True  # the compiled manager's POLICY_FORECAST_LRU_VICTIMS
 
     def victim(self, incoming: int, pinned) -> int | None:
         last = np.where(self._resident, self._last, np.inf)

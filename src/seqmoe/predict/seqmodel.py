@@ -19,6 +19,13 @@ Inference is incremental and needs no torch: `observe` adds the K new rows of q_
 to running sums; the GRU steps once per token; `predict` costs one LayerNorm, one [H, H] matvec and
 one matvec with the rows of `out` still ahead.
 
+With a forecast `window` W (what the memory manager uses: `DEFAULT_WINDOW`), only the first
+`predict` of a token computes every row ahead; later ones recompute the next W positions from the
+layers just observed, and every row further out keeps the latest forecast that computed it: the
+same forecast near the reveal, where the observed layers matter most, at a fraction of the cost
+(the [2L E, Z] matvec of every row dominated the decision time). Those calls run compiled
+(`_seq_kernels`).
+
     pred = load_seq_predictor("results/predictor-deepseek")
     pred.check_trace(test)          # L/E/K must match; binds the trace's vocabulary
 """
@@ -35,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from seqmoe.errors import UserError
+from seqmoe.predict import _seq_kernels as kernels
 from seqmoe.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
 
@@ -42,6 +50,8 @@ FORMAT = "seqmoe-seq-predictor"
 VERSION = "1"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+DEFAULT_WINDOW = 4
+"""Positions re-forecast at each layer by the memory manager's forecaster (see the module doc)."""
 
 
 class PredictorError(UserError):
@@ -139,18 +149,39 @@ def layer_probs(logits: np.ndarray, top_k: int) -> np.ndarray:
 
 
 class SeqPredictor:
-    """Incremental numpy inference of the sequence forecaster; implements `Predictor`."""
+    """Incremental inference of the sequence forecaster; implements `Predictor`.
 
-    def __init__(self, config: SeqConfig, weights: dict[str, np.ndarray], info: dict | None = None) -> None:
+    Args:
+        config, weights, info: the checkpoint (`load_seq_predictor`).
+        window: None: every `predict` computes every row ahead (numpy, the reference); W >= 1:
+            after a token's first forecast, `predict` recomputes only the next W positions (compiled).
+    """
+
+    def __init__(self, config: SeqConfig, weights: dict[str, np.ndarray], info: dict | None = None, *,
+                 window: int | None = None) -> None:
+        if window is not None and window < 1:
+            raise PredictorError(f"the forecast window must be at least 1 position, got {window}")
         self.config = config
         self.info = info or {}
+        self.window = window
         self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
         self.L, self.E, self.K = config.num_layers, config.num_experts, config.top_k
         self._unknown = config.hash_buckets
         self._table: np.ndarray | None = None
         # observe() gathers both per-expert terms at once: [LE, Z + D] = [q_part | route_in].
         self._obs = np.concatenate([self.w["q_part"], self.w["route_in"]], axis=1)
+        self._rows_now = np.zeros((2 * self.L, self.E), dtype=np.float32)  # window mode's latest rows
+        self._offsets = np.arange(2 * self.L, dtype=np.int64)
         self.begin_request()
+
+    @property
+    def horizon(self) -> int:
+        """Positions a `predict` covers at most: the rest of the token and the next one (2 L)."""
+        return 2 * self.L
+
+    def with_window(self, window: int | None) -> SeqPredictor:
+        """A fresh predictor on the same weights with another forecast window (see the class)."""
+        return SeqPredictor(self.config, self.w, self.info, window=window)
 
     # -- trace binding ----------------------------------------------------------------------------
     def check_trace(self, trace: RoutingTrace) -> None:
@@ -185,7 +216,11 @@ class SeqPredictor:
         t, l = divmod(step, self.L)
         if t != self._t:  # begin_token was skipped: the token is unknown
             self._start_token(t, self._unknown)
-        self._acc += self._obs[l * self.E + np.asarray(ids, dtype=np.int64)].sum(axis=0)
+        rows = l * self.E + np.asarray(ids, dtype=np.int64)
+        if self.window is None:
+            self._acc += self._obs[rows].sum(axis=0)
+        else:
+            kernels.add_rows(self._acc, self._obs, rows)
         self._lk = l
         self._observed = True
 
@@ -193,7 +228,9 @@ class SeqPredictor:
         """Forecast the rest of the current token and the whole next token ([<= 2L, E])."""
         if self._t is None:
             return None
-        return self._direct()
+        if self.window is None:
+            return self._direct()
+        return self._windowed()
 
     def forecast(self, step: int, horizon: int) -> Forecast | None:
         """Forecast at least `horizon` positions after the current one, recursing past the next token."""
@@ -219,6 +256,7 @@ class SeqPredictor:
         self._acc = np.zeros(self._obs.shape[1], dtype=np.float32)  # [Z + D] observed rows of _obs, summed
         self._q_acc, self._x_acc = self._acc[:Z], self._acc[Z:]  # views: q_part sum [Z], route_in sum [D]
         self._observed = False
+        self._fresh = False  # window mode: whether `_rows_now` holds a forecast of this token yet
 
     def _query(self, pre: np.ndarray) -> np.ndarray:
         """[Z] pre-activation -> [Z] query vector (LayerNorm, relu, residual MLP)."""
@@ -239,6 +277,24 @@ class SeqPredictor:
         first = self._lk + 1
         pos = self._t * self.L + first
         return Forecast(np.arange(pos, pos + 2 * self.L - first, dtype=np.int64), self._rows(z, first))
+
+    def _windowed(self) -> Forecast:
+        """The next `window` positions forecast from the layers observed so far; the rows further out
+        as their latest forecast had them (all of them at the token's first forecast)."""
+        w, L, E = self.w, self.L, self.E
+        first = self._lk + 1
+        rows = self._rows_now  # [2L, E]: positions t L .. (t + 2) L - 1
+        if self._fresh:
+            count = min(self.window, 2 * L - first)
+            kernels.refresh_rows(self._base, self._q_acc, w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
+                                 w["mlp_w"], w["mlp_b"], w["out_w"], w["out_b"], first, count, E, self.K, rows)
+        else:
+            z = kernels.query(self._base + self._q_acc + w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
+                              w["mlp_w"], w["mlp_b"])
+            logits = w["out_w"][first * E:] @ z + w["out_b"][first * E:]
+            kernels.probs_rows(logits.reshape(-1, E), self.K, rows[first:])
+            self._fresh = True
+        return Forecast(self._t * L + self._offsets[first:], rows[first:].copy())
 
     def _recurse(self, probs: np.ndarray, end: int):
         """Yield (steps, probs) one token at a time beyond the direct forecast until `end` is covered.
@@ -279,8 +335,10 @@ def save_checkpoint(out_dir: str | os.PathLike, config: SeqConfig, weights: dict
         Path(tmp).write_text(json.dumps(doc, indent=2) + "\n")
 
 
-def load_seq_predictor(path: str | os.PathLike) -> SeqPredictor:
-    """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt."""
+def load_seq_predictor(path: str | os.PathLike, *, window: int | None = None) -> SeqPredictor:
+    """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt.
+
+    `window`: see `SeqPredictor` (None: the reference inference)."""
     from safetensors import SafetensorError, safe_open
 
     d = Path(path)
@@ -309,4 +367,5 @@ def load_seq_predictor(path: str | os.PathLike) -> SeqPredictor:
            if k not in weights or tuple(weights[k].shape) != s]
     if bad:
         raise PredictorError(f"{d / WEIGHTS_FILE} does not match {CONFIG_FILE}: {'; '.join(bad[:3])}")
-    return SeqPredictor(config, weights, {k: v for k, v in doc.items() if k not in ("format", "version", "config")})
+    return SeqPredictor(config, weights, {k: v for k, v in doc.items() if k not in ("format", "version", "config")},
+                        window=window)

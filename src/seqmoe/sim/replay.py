@@ -8,6 +8,7 @@ runtime's control plane uses; `sim` never imports `runtime`.
 
 from __future__ import annotations
 
+import numpy as np
 from tqdm import tqdm
 
 from seqmoe.manager import Driver, System, build_manager, check_dims
@@ -17,7 +18,7 @@ from seqmoe.trace.schema import RoutingTrace
 
 
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,
-             capacity: int, start, progress: bool = False) -> SimCounts:
+             capacity: int, start, progress: bool = False, compiled: bool = True) -> SimCounts:
     """Replay `trace` as batch-1 decode with `system` managing `capacity` slots.
 
     Args:
@@ -27,14 +28,19 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         capacity: C, slots in the pool.
         start: the start placement, at most C uids (`seqmoe.manager.start_placement`).
         progress: show a progress bar.
+        compiled: let the compiled manager run the systems it can (`seqmoe.manager.build_manager`);
+            False: the reference Python state machine (the same decisions, slower).
 
     Returns:
         Counts and times of the replay (see `seqmoe.manager.summarize` for the metrics).
     """
     check_dims("trace", trace, model)
-    driver = Driver(build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start))
+    driver = Driver(build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start,
+                                  compiled=compiled))
     L, K = trace.num_layers, trace.top_k
-    flat = trace.uids().reshape(-1).tolist()
+    flat = trace.uids().reshape(-1, K).astype(np.int64)  # [T * L, K]
+    if not driver.manager.takes_arrays:
+        flat = flat.tolist()
     ids = trace.expert_ids
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
     starts = set(trace.request_offsets[:-1].tolist())
@@ -44,7 +50,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         row = ids[t]
         for l in range(L):
             step = t * L + l
-            driver.reveal(l, row[l], flat[step * K:(step + 1) * K])
+            driver.reveal(l, row[l], flat[step])
             driver.layer_end(l)
         if t % 256 == 255:
             bar.update(256)

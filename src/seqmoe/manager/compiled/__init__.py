@@ -1,0 +1,14 @@
+"""The memory manager compiled (numba) over preallocated arrays, for the systems on the hot path.
+
+`CompiledManager` runs the same decisions as `seqmoe.manager.state.MemoryManager` for systems made
+of an LRU or forecast (probabilistic Belady) eviction policy, no scheduler or the deadline
+scheduler, and any predictor whose forecasts span at most 2 L positions; `compilable(system)`
+says whether a system qualifies. `seqmoe.manager.build_manager` picks it when it can.
+"""
+
+from seqmoe.manager.compiled._cache import kernel_cache
+
+with kernel_cache():
+    from seqmoe.manager.compiled.manager import CompiledManager, compilable
+
+__all__ = ["CompiledManager", "compilable"]

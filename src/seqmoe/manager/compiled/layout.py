@@ -1,0 +1,80 @@
+"""Where the compiled manager keeps its state: a few preallocated arrays and named rows of them.
+
+Numba compiles these names as constants. Per-uid fields are rows of `I` (int64 [NI, L * E]) and
+`F` (float64 [NF, L * E]); scalars live in `S` (int64 [NS]) and `G` (float64 [NG]). The copy
+engine's queues are rings and a binary heap over their own arrays (`Queues`). Events for the
+observer (the runtime's data plane) go to `EV` (int64 [cap, 3]: kind, uid, deadline step).
+"""
+
+from __future__ import annotations
+
+# -- per-uid int fields (rows of I) ---------------------------------------------------------------
+PRESENT = 0  # resident, or its copy issued
+UNUSED_PF = 1  # prefetched and not used yet
+PENDING = 2  # copy issued and not finished
+PINNED = 3  # pending, or needed by the current layer
+QSEQ = 4  # engine: sequence number of the live queue entry, -1 when not queued
+LRU_PREV = 5  # LRU list: previous (older) uid, -1 at the head
+LRU_NEXT = 6  # LRU list: next (newer) uid, -1 at the tail
+TICK = 7  # recency tick of the last insert or use
+LAST_STEP = 8  # position of the last use or insert (-1: none)
+LAST_USE = 9  # position of the last use (-1: none)
+PREV_GAP = 10  # tokens between the last two uses (0: one use or none)
+PF_QUEUED = 11  # deadline scheduler: position a prefetch was issued for (-1: none)
+ADDED = 12  # scratch: pinned at the start of the current layer
+LAYER = 13  # static: layer of the uid
+UCLASS = 14  # static: frequency class of the uid in the reuse table
+CAND = 15  # scratch: flags
+FIRST_USE = 16  # forecast policy: first position ahead forecast with p >= min_prob (-1: none)
+FIRST_LIKELY = 17  # forecast policy: first position ahead where P(no use so far) < 1 - max_harm
+DIRTY = 18  # forecast policy: uids whose prior changed since it was computed (a stack, NDIRTY long)
+USES = 19  # forecast policy: the uids with a FIRST_USE, increasing (NUSES of them)
+LIKELY = 20  # forecast policy: the uids with a FIRST_LIKELY, by it (NLIKELY of them)
+CHEAP = 21  # forecast policy: the CHEAP_N cheapest residents by (keep value, tick) (NCHEAP of them)
+NI = 22
+
+# -- per-uid float fields (rows of F) -------------------------------------------------------------
+DONE_AT = 0  # engine: completion time of a started, unfinished copy
+P_A = 1  # forecast: probability of use at the uid's first forecast position (0: no entry)
+P_B = 2  # forecast: at its second forecast position (one token later; 0: no entry)
+VALUES = 3  # forecast policy: cached keep values
+UNUSED = 4  # forecast policy: cached P(no forecast use)
+GEOM = 5  # static: the prior beyond the horizon without a reuse table
+FINISH = 6  # scratch: demand-copy finish times
+SCRATCH = 7
+PRIOR = 8  # forecast policy: cached prior beyond the horizon (for the forecast end PRIOR_END)
+NF = 9
+
+# -- int scalars (S) ------------------------------------------------------------------------------
+L_, E_, K_, CAP, NUM_PRESENT, STEP = 0, 1, 2, 3, 4, 5
+SEQ, STARTED, NQUEUED = 6, 7, 8  # engine
+DQ_HEAD, DQ_LEN, PH_LEN, RQ_HEAD, RQ_LEN = 9, 10, 11, 12, 13  # engine queues
+READY, LATE, MISSES, PREFETCHES, WASTED, CANCELLED = 14, 15, 16, 17, 18, 19  # counts
+TICKS, LRU_HEAD, LRU_TAIL = 20, 21, 22  # recency
+POL_STEP, VERSION, MUT, VAL_STEP, VAL_VERSION = 23, 24, 25, 26, 27  # forecast policy (VAL_*: cache key)
+F_FIRST, F_LAST = 28, 29  # forecast: first and last position covered (F_LAST < F_FIRST: none)
+NEV = 30  # events recorded
+POLICY, PREFETCHER, NUM_GAP_CLASSES = 31, 32, 33  # kinds (below)
+JOBS_KEY_STEP, JOBS_KEY_VERSION, JOBS_KEY_MUT, NJOBS = 34, 35, 36, 37  # deadline scheduler's cached candidates
+MAX_JOBS, MAX_TRIES = 38, 39  # deadline scheduler's limits
+PRIOR_END, NDIRTY, AHEAD_STEP, AHEAD_VERSION = 40, 41, 42, 43  # forecast policy caches
+NUSES, NLIKELY, NCHEAP, CHEAP_STEP, CHEAP_VERSION, CHEAP_MUT = 44, 45, 46, 47, 48, 49
+MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 50, 51, 52, 53  # deadline scheduler's victim_at answers
+NS = 54
+
+CHEAP_N = 64
+"""Cheapest residents kept in order: the scheduler pairs at most max_jobs (64) candidates with them."""
+
+# -- float scalars (G) ----------------------------------------------------------------------------
+NOW, FREE_AT, PACE, STALL = 0, 1, 2, 3
+COPY_S, LAYER_S, TOKEN_S, PACE_WEIGHT = 4, 5, 6, 7
+TAU, FLOOR, MIN_PROB, MARGIN, MAX_HARM, LEAD = 8, 9, 10, 11, 12, 13
+NG = 14
+
+# -- kinds ------------------------------------------------------------------------------------------
+POLICY_LRU, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS = 0, 1, 2
+PREFETCH_NONE, PREFETCH_DEADLINE = 0, 1
+EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT = 1, 2, 3, 4
+
+# -- errors returned by the kernels -----------------------------------------------------------------
+OK, ERR_NO_SLOT, ERR_QUEUE = 0, 1, 2

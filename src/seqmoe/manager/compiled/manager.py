@@ -1,0 +1,212 @@
+"""`CompiledManager`: the driver API of `MemoryManager` over the compiled state (see `layout`)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from seqmoe.cache.forecast import ForecastPolicy, discount_table
+from seqmoe.cache.lru import LRUPolicy
+from seqmoe.errors import UserError
+from seqmoe.manager.compiled import engine, policies, step
+from seqmoe.manager.compiled.layout import (
+    CANCELLED, CAP, COPY_S, DONE_AT, E_, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, F_FIRST, FLOOR,
+    GEOM, JOBS_KEY_STEP, MEMO_STEP, K_, L_, LATE, LAYER, LAYER_S, LEAD, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MIN_PROB, MISSES,
+    NEV, NF, NG, NI, NS, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY, POLICY_FORECAST,
+    POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCH_DEADLINE, PREFETCH_NONE, PREFETCHER, PREFETCHES, PRESENT, QSEQ,
+    READY, STALL, STARTED, STEP, TAU, TOKEN_S, UCLASS, WASTED,
+)
+from seqmoe.manager.counts import SimCounts
+from seqmoe.manager.state import PACE_WEIGHT as PACE_W
+from seqmoe.manager.state import ManagerBase
+from seqmoe.schedule.deadline import DeadlinePrefetcher
+
+
+def _policy_kind(policy) -> int | None:
+    if type(policy) is LRUPolicy:
+        return POLICY_LRU
+    if type(policy) is ForecastPolicy:
+        return POLICY_FORECAST
+    if isinstance(policy, ForecastPolicy) and getattr(type(policy), "evicts_least_recent", False):
+        return POLICY_FORECAST_LRU_VICTIMS
+    return None
+
+
+def compilable(system) -> bool:
+    """True when `CompiledManager` runs `system` (its policy, scheduler and forecast horizon qualify)."""
+    kind = _policy_kind(system.policy)
+    if kind is None:
+        return False
+    pre, pred = system.prefetcher, system.predictor
+    if pre is None:  # a predictor only observes: no forecast reaches the policy
+        return True
+    if type(pre) is not DeadlinePrefetcher or pre.policy is not system.policy or kind == POLICY_LRU:
+        return False
+    horizon = getattr(pred, "horizon", None)
+    return pred is not None and horizon is not None and horizon <= 2 * system.policy._L
+
+
+class CompiledManager(ManagerBase):
+    """The memory manager over compiled state for a `compilable` system. Arguments: `ManagerBase`."""
+
+    takes_arrays = True
+
+    def __init__(self, system, *, model, hardware, capacity: int, start, observer=None) -> None:
+        super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
+        if not compilable(system):
+            raise ValueError(f"system {system.name!r} cannot run compiled; use MemoryManager")
+        L, E, K = self.num_layers, self.num_experts, self.top_k
+        n = L * E
+        self.I = np.zeros((NI, n), np.int64)
+        self.F = np.zeros((NF, n), np.float64)
+        self.S = np.zeros(NS, np.int64)
+        self.G = np.zeros(NG, np.float64)
+        self.DQ = np.zeros((2, n + 1), np.int64)  # demand ring: (seq, uid)
+        self.PH = np.zeros((3, 4 * n + 64), np.int64)  # prefetch heap: (deadline step, seq, uid)
+        self.RQI = np.zeros(n + 1, np.int64)  # running copies ring: uid
+        self.RQF = np.zeros(n + 1, np.float64)  # and completion time
+        self.EV = np.zeros((4 * n + 64, 3), np.int64)  # events of one call
+        self.buf = np.zeros(n + 1, np.int64)
+        I, F, S, G = self.I, self.F, self.S, self.G
+        S[L_], S[E_], S[K_], S[CAP] = L, E, K, capacity
+        I[QSEQ] = -1
+        I[PF_QUEUED] = -1
+        I[LAYER] = np.repeat(np.arange(L), E)
+        F[DONE_AT] = np.nan
+        G[COPY_S], G[LAYER_S], G[TOKEN_S], G[PACE], G[PACE_WEIGHT] = (self.copy_time_s, self.layer_s, self.token_s,
+                                                                       self.layer_s, PACE_W)
+        self.TAB = np.zeros((0, 0), np.float64)
+        self.DISC = np.zeros((2, 1), np.float64)
+        self._setup_policy(system.policy)
+        self._setup_prefetcher(system.prefetcher)
+        start = np.asarray(list(start), dtype=np.int64)
+        I[PRESENT, start] = 1
+        S[NUM_PRESENT] = len(start)
+        policies.policy_reset(I, S, start)
+        S[JOBS_KEY_STEP] = S[MEMO_STEP] = -(1 << 40)
+        S[STEP] = -1
+        self.predictor = system.predictor
+        self._plans = S[PREFETCHER] != PREFETCH_NONE
+        self.decision_s = 0.0
+
+    def _setup_policy(self, policy) -> None:
+        I, F, S, G = self.I, self.F, self.S, self.G
+        S[POLICY] = _policy_kind(policy)
+        if S[POLICY] == POLICY_LRU:
+            return
+        L = self.num_layers
+        G[TAU], G[FLOOR] = policy.tau, policy.floor
+        F[GEOM] = policy._geometric
+        # exp(-d / tau), exp(d / tau) for every distance the policy looks up (at most 3 L), as the reference's
+        self.DISC = discount_table(policy.tau, 8 * L + 64)
+        reuse = policy.reuse
+        if reuse is not None:
+            self.TAB = np.ascontiguousarray(reuse.values, dtype=np.float64)
+            I[UCLASS] = reuse.uid_class
+            S[NUM_GAP_CLASSES] = reuse.num_gap_classes
+        S[F_FIRST] = 0
+
+    def _setup_prefetcher(self, pre) -> None:
+        S, G = self.S, self.G
+        if pre is None:
+            S[PREFETCHER] = PREFETCH_NONE
+            return
+        S[PREFETCHER] = PREFETCH_DEADLINE
+        G[MIN_PROB], G[MARGIN], G[MAX_HARM] = pre.min_prob, pre.margin, pre.max_harm
+        G[LEAD] = -1.0 if pre.lead_copies is None else pre.lead_copies
+        S[MAX_JOBS], S[MAX_TRIES] = pre.max_jobs, pre.max_tries
+        self.JI = np.zeros((2, pre.max_jobs), np.int64)
+        self.JF = np.zeros((2, pre.max_jobs), np.float64)
+        self.MI = np.zeros((3, 4 * pre.max_tries), np.int64)
+        n = self.num_layers * self.num_experts
+        self.WI = np.zeros((3, n), np.int64)
+        self.WF = np.zeros((3, n), np.float64)
+
+    # -- the driver API ---------------------------------------------------------------------------------
+    def token_start(self, step_: int, now: float, token_id: int | None) -> None:
+        step.move_to(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, step_ - 1, now, self.buf)
+        if self.predictor is None and not self._plans:
+            return
+        t0 = time.perf_counter()
+        if self.predictor is not None:
+            self.predictor.begin_token(step_, token_id)
+        self._decide(None)
+        self.decision_s += time.perf_counter() - t0
+
+    def layer(self, step_: int, needed: np.ndarray, ids, reveal: float) -> float:
+        t0 = time.perf_counter()
+        status, start = step.serve(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, self.EV,
+                                   self.TAB, self.DISC, needed, step_, reveal, self.buf)
+        self._deliver()
+        if status != OK:
+            raise UserError(f"no slot can be freed at position {step_}: {self.capacity} slots are all copying")
+        self._decide(ids)
+        step.finish_layer(self.I, self.G, needed, reveal, start)
+        self.decision_s += time.perf_counter() - t0
+        return start
+
+    def layer_end(self, step_: int, now: float) -> None:
+        step.move_to(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, step_, now, self.buf)
+        t0 = time.perf_counter()
+        self._plan(False)
+        self.decision_s += time.perf_counter() - t0
+
+    def _decide(self, ids) -> None:
+        pred = self.predictor
+        if pred is not None and ids is not None:
+            pred.observe(int(self.S[STEP]), ids)
+        if not self._plans:
+            return
+        fc = pred.predict(int(self.S[STEP]))
+        if fc is not None:
+            probs = fc.probs
+            if not policies.load_forecast(self.I, self.F, self.S, fc.steps, probs, probs.dtype.type(self.G[FLOOR])):
+                raise ValueError(f"a forecast of {len(fc.steps)} positions does not fit the compiled policy")
+        self._plan(fc is not None)
+
+    def _plan(self, new_forecast: bool) -> None:
+        if self._plans:
+            step.plan(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, self.EV, self.TAB,
+                      self.DISC, self.JI, self.JF, self.WI, self.WF, self.MI, new_forecast)
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Hand the events of the last call to the observer, in order."""
+        n = int(self.S[NEV])
+        if not n:
+            return
+        self.S[NEV] = 0
+        obs = self.observer
+        if obs is None:
+            return
+        for kind, uid, deadline in self.EV[:n].tolist():
+            if kind == EV_DEMAND:
+                obs.on_load(uid, True, deadline)
+            elif kind == EV_PREFETCH:
+                obs.on_load(uid, False, deadline)
+            elif kind == EV_PROMOTE:
+                obs.on_promote(uid)
+            elif kind == EV_EVICT:
+                obs.on_evict(uid)
+
+    # -- counts and views -----------------------------------------------------------------------------
+    @property
+    def c(self) -> SimCounts:
+        S = self.S
+        return SimCounts(ready=int(S[READY]), late=int(S[LATE]), misses=int(S[MISSES]), prefetches=int(S[PREFETCHES]),
+                         wasted_copies=int(S[WASTED]), cancelled=int(S[CANCELLED]), stall_s=float(self.G[STALL]),
+                         decision_s=self.decision_s)
+
+    @property
+    def copies(self) -> int:
+        return int(self.S[STARTED])
+
+    def present_mask(self) -> np.ndarray:
+        """[L * E] 1 where the uid is resident or its copy issued (a read-only view)."""
+        view = self.I[PRESENT].view()
+        view.flags.writeable = False
+        return view
+
+    def finish(self) -> None:
+        engine.advance(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, np.inf, self.buf)

@@ -1,0 +1,151 @@
+"""The decision points of `seqmoe.manager.state.MemoryManager`, compiled: a layer's reveal (serve
+its K experts, then the scheduler plans), a layer's end and a token's start (the scheduler plans).
+
+The predictor stays in Python between `serve` and `plan` (its forecast is loaded with
+`policies.load_forecast`); everything else of a decision point is one call.
+"""
+
+from __future__ import annotations
+
+import numba as nb
+import numpy as np
+
+from seqmoe.manager.compiled import deadline, engine, ops
+from seqmoe.manager.compiled.layout import (
+    ADDED, CAP, DONE_AT, ERR_NO_SLOT, NUM_PRESENT, POL_STEP, EV_PROMOTE, FINISH, LATE, LAYER_S, MISSES, NOW, OK, PACE, PACE_WEIGHT, PENDING,
+    PINNED, PREFETCH_DEADLINE, PREFETCHER, PRESENT, READY, STALL, STEP, UNUSED_PF,
+)
+from seqmoe.manager.compiled.policies import demand_victims, policy_access
+
+jit = nb.njit(cache=True)
+
+
+@jit
+def _reclaim_prefetch(I, S, PH, EV, needed):
+    """Every slot is pinned: cancel the queued prefetch needed last and take its slot."""
+    uid = engine.cancel_latest_prefetch(I, S, PH, needed)
+    if uid < 0:
+        return False
+    ops.free_cancelled(I, S, EV, uid)
+    return True
+
+
+@jit
+def _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
+    """Every slot holds this layer's experts or a copy already started: let the running copy land
+    first (`MemoryManager._await_running`) and make room."""
+    t = engine.running_until(S, RQF)
+    if t == -np.inf:
+        return False
+    for i in range(engine.advance(I, F, S, G, DQ, PH, RQI, RQF, t, buf)):
+        u = buf[i]
+        I[PENDING, u] = 0
+        mine = False
+        for k in needed:
+            mine = mine or k == u
+        if mine:
+            I[ADDED, u] = 1  # unpinned with the layer's other experts at its end
+        else:
+            I[PINNED, u] = 0
+    return ops.make_room(I, F, S, G, EV, TAB, DISC, -1)
+
+
+@jit
+def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf):
+    """The router of the layer at `step` revealed `needed` ([K] uids) at time `reveal`: count hits,
+    queue demand copies. Returns (status, the time its experts can start)."""
+    S[STEP] = step
+    G[NOW] = reveal
+    ops.finish_copies(I, F, S, G, DQ, PH, RQI, RQF, reveal, buf)
+    for u in needed:
+        if not I[PINNED, u]:
+            I[ADDED, u] = 1
+            I[PINNED, u] = 1
+    start = reveal
+    waiting = np.empty(len(needed), dtype=np.int64)
+    nw = 0
+    for u in needed:
+        if not I[PRESENT, u]:
+            continue
+        if I[PENDING, u]:  # issued before the reveal: a hit, late
+            S[LATE] += 1
+            done = F[DONE_AT, u]
+            if done != done:  # still queued: the layer needs it now
+                engine.demand(I, F, S, G, DQ, PH, RQI, RQF, u, reveal)
+                waiting[nw] = u
+                nw += 1
+                ops.event(S, EV, EV_PROMOTE, u, 0)
+            elif done > start:
+                start = done
+        else:
+            S[READY] += 1
+        I[UNUSED_PF, u] = 0
+        policy_access(I, S, u, step)
+    queue = np.empty(len(needed), dtype=np.int64)  # the forecast policy's demand victims, in order
+    nq, qi, misses = 0, 0, 0
+    for u in needed:
+        misses += not I[PRESENT, u]
+    for u in needed:
+        if I[PRESENT, u]:
+            continue
+        S[MISSES] += 1
+        victim = -1
+        # The victims can be listed once the policy stands at this position (keep values stay then).
+        if S[NUM_PRESENT] >= S[CAP] and nq >= 0 and S[POL_STEP] == step:
+            if qi == nq:  # list the layer's victims (see `demand_victims`)
+                nq, qi = demand_victims(I, F, S, G, TAB, DISC, misses, queue), 0
+            while 0 <= qi < nq and (not I[PRESENT, queue[qi]] or I[PINNED, queue[qi]]):
+                qi += 1
+            if 0 <= qi < nq:
+                victim = queue[qi]
+                qi += 1
+        misses -= 1
+        if not (ops.make_room(I, F, S, G, EV, TAB, DISC, victim) or _reclaim_prefetch(I, S, PH, EV, needed)):
+            nq = -1  # the slow paths change what is pinned: ask the policy from here on
+            if not _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
+                return ERR_NO_SLOT, start
+        ops.demand_load(I, F, S, G, DQ, PH, RQI, RQF, EV, u, step, reveal)
+        policy_access(I, S, u, step)
+        waiting[nw] = u
+        nw += 1
+    if nw:
+        for i in range(nw):
+            F[FINISH, waiting[i]] = np.nan
+        engine.demand_finish_times(I, F, S, G, DQ)
+        for i in range(nw):
+            u = waiting[i]
+            t = F[FINISH, u]
+            if t != t:
+                t = F[DONE_AT, u]
+                if t != t:
+                    t = reveal
+            if t > start:
+                start = t
+    return OK, start
+
+
+@jit
+def finish_layer(I, G, needed, reveal, start):
+    """After the decisions of a reveal: the layer's experts unpin unless still copying; stall and pace."""
+    for u in needed:
+        if I[ADDED, u]:
+            I[ADDED, u] = 0
+            if not I[PENDING, u]:
+                I[PINNED, u] = 0
+    G[STALL] += start - reveal
+    # The pace includes stalls, so deadlines follow the speed the run really has.
+    G[PACE] += G[PACE_WEIGHT] * (G[LAYER_S] + start - reveal - G[PACE])
+
+
+@jit
+def plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast):
+    if S[PREFETCHER] == PREFETCH_DEADLINE:
+        deadline.plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast)
+
+
+@jit
+def move_to(I, F, S, G, DQ, PH, RQI, RQF, step, now, buf):
+    """A decision point at position `step` and time `now` without a reveal (token start, layer end)."""
+    S[STEP] = step
+    G[NOW] = now
+    ops.finish_copies(I, F, S, G, DQ, PH, RQI, RQF, now, buf)

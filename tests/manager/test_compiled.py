@@ -1,0 +1,147 @@
+"""The compiled manager makes the reference state machine's decisions, count for count.
+
+Every compilable system is replayed by both managers on random traces at several residencies and
+link speeds (including C = K, where a demand copy waits for a running prefetch); the counts,
+stall and simulated time must be equal, and so must the observer's calls.
+Run: pytest tests/manager/test_compiled.py -q
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from seqmoe.cache.forecast import ForecastPolicy
+from seqmoe.manager import Driver, SystemInputs, build_manager, build_system, capacity_for, start_placement
+from seqmoe.manager.compiled import CompiledManager, _cache, compilable
+from seqmoe.manager.state import MemoryManager, System
+from seqmoe.manager.systems import SYSTEMS
+from seqmoe.predict.oracle import OracleForecaster
+from seqmoe.predict.seqmodel import load_seq_predictor
+from seqmoe.schedule.deadline import DeadlinePrefetcher
+from seqmoe.sim import simulate
+from tests.conftest import make_trace, tiny_hardware, tiny_model
+
+CASES = [(seed, r, bw) for seed in (0, 1, 2) for r in (0.2, 0.4, 0.7) for bw in (3e9, 3e10)]
+SHAPE = dict(num_layers=4, num_experts=16, top_k=3)
+
+
+def _counts(trace, system_of, capacity, start, bw, compiled):
+    c = simulate(trace, system_of(), model=tiny_model(trace), hardware=tiny_hardware(bw), capacity=capacity,
+                 start=start, compiled=compiled)
+    return {k: v for k, v in dataclasses.asdict(c).items() if k != "decision_s"}
+
+
+def _both(name, seed, r, bw, predictor=None, system_of=None):
+    train = make_trace(num_tokens=300, seed=seed + 50, **SHAPE)
+    test = make_trace(num_tokens=160, seed=seed, **SHAPE)
+    C = capacity_for(r, test.num_layers, test.num_experts, test.top_k)
+    start = start_placement(train, C)
+    inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=predictor)
+    system_of = system_of or (lambda: build_system(name, inputs))
+    assert compilable(system_of())
+    return [_counts(test, system_of, C, start, bw, compiled) for compiled in (False, True)]
+
+
+@pytest.mark.parametrize("name", ["on-demand-lru", "seqmoe-markov-forecast"])
+@pytest.mark.parametrize("seed,r,bw", CASES)
+def test_compiled_equals_reference(name, seed, r, bw):
+    ref, fast = _both(name, seed, r, bw)
+    assert fast == ref
+    assert ref["prefetches"] > 0 or name == "on-demand-lru"
+
+
+@pytest.mark.parametrize("seed,r,bw", CASES[::3])
+def test_compiled_equals_reference_with_certain_forecasts(seed, r, bw):
+    """The true next two tokens as the forecast (one-hot rows, certain entries)."""
+    def system_of():
+        train = make_trace(num_tokens=300, seed=seed + 50, **SHAPE)
+        policy = ForecastPolicy.from_trace(train)
+        test = make_trace(num_tokens=160, seed=seed, **SHAPE)
+        return System("oracle-2-tokens", policy, OracleForecaster(test, 2 * test.num_layers), DeadlinePrefetcher(policy))
+
+    ref, fast = _both("oracle-2-tokens", seed, r, bw, system_of=system_of)
+    assert fast == ref
+
+
+@pytest.mark.parametrize("name", ["seqmoe", "seqmoe-lru-eviction"])
+def test_compiled_equals_reference_with_the_trained_forecaster(name, tiny_forecaster):
+    d, train, test = tiny_forecaster
+    pred = load_seq_predictor(d / "pred")
+    for r, bw in ((0.3, 3e9), (0.6, 3e10), (0.25, 1e9)):
+        C = capacity_for(r, test.num_layers, test.num_experts, test.top_k)
+        start = start_placement(train, C)
+        inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=pred)
+        ref, fast = (_counts(test, lambda: build_system(name, inputs), C, start, bw, compiled) for compiled in (False, True))
+        assert fast == ref
+
+
+def test_at_top_k_slots_a_demand_copy_waits_for_a_running_prefetch():
+    ref, fast = _both("seqmoe-markov-forecast", 3, 3 / 64, 1e9)
+    assert fast == ref
+
+
+class _Recorder:
+    def __init__(self):
+        self.calls = []
+
+    def on_load(self, uid, demand, deadline_step):
+        self.calls.append(("load", uid, demand, deadline_step))
+
+    def on_promote(self, uid):
+        self.calls.append(("promote", uid))
+
+    def on_evict(self, uid):
+        self.calls.append(("evict", uid))
+
+
+def test_the_observer_hears_the_same_calls_in_the_same_order():
+    train = make_trace(num_tokens=300, seed=7, **SHAPE)
+    test = make_trace(num_tokens=120, seed=8, **SHAPE)
+    C = capacity_for(0.2, 4, 16, 3)
+    start = start_placement(train, C)
+    inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start))
+    calls = []
+    for cls in (MemoryManager, CompiledManager):
+        rec = _Recorder()
+        m = cls(build_system("seqmoe-markov-forecast", inputs), model=tiny_model(test), hardware=tiny_hardware(3e8),
+                capacity=C, start=start, observer=rec)
+        d = Driver(m)
+        for t in range(test.num_tokens):
+            d.token_start(None, t == 0)
+            for l in range(test.num_layers):
+                d.reveal(l, test.expert_ids[t, l])
+                d.layer_end(l)
+        calls.append(rec.calls)
+    assert calls[0] == calls[1] and len(calls[0]) > 100
+    assert {c[0] for c in calls[0]} == {"load", "promote", "evict"}
+
+
+def test_build_manager_compiles_what_it_can():
+    train = make_trace(num_tokens=100, seed=1)
+    C = capacity_for(0.5, train.num_layers, train.num_experts, train.top_k)
+    inputs = SystemInputs(train=train, test=train, capacity=C, start=tuple(start_placement(train, C)))
+    kinds = {}
+    for name, spec in SYSTEMS.items():
+        if spec.needs_predictor:
+            continue
+        system = build_system(name, inputs)
+        m = build_manager(system, model=tiny_model(train), hardware=tiny_hardware(), capacity=C, start=inputs.start)
+        kinds[name] = type(m).__name__
+        ref = build_manager(system, model=tiny_model(train), hardware=tiny_hardware(), capacity=C, start=inputs.start,
+                            compiled=False)
+        assert isinstance(ref, MemoryManager)
+    assert kinds["on-demand-lru"] == kinds["seqmoe-markov-forecast"] == "CompiledManager"
+    assert kinds["belady"] == kinds["moe-infinity-style"] == kinds["seqmoe-oracle-forecast"] == "MemoryManager"
+
+
+def test_the_kernel_cache_is_keyed_by_every_kernel_module():
+    """numba checks a cached function against its own file only: every module holding kernels must
+    be hashed into the cache folder's name, or an edit of a callee would keep its old code."""
+    here = Path(_cache.__file__).parent
+    jitted = {p.stem for p in here.glob("*.py") if re.search(r"^@jit|nb\.njit", p.read_text(), re.M)}
+    assert jitted <= set(_cache.MODULES)
+    assert _cache.cache_folder().name != ""
