@@ -1,56 +1,99 @@
-"""Simulator speed: activations replayed per second, per system, on the unseen-prompt DeepSeek trace.
+"""Decision cost per token of every system, and the simulator's speed, on one thread.
 
-    python benchmarks/sim_speed.py [--systems on-demand-lru,belady] [--shared ../shared]
+    python benchmarks/sim_speed.py [--predictor DIR] [--systems a,b] [--tokens 1000] [--shared ../shared]
 
-Replays the last 200 Puffin prompts (about 2.9 M activations) at residency 0.45 on h100-pcie5,
-training on the rest. Prints a table, then one JSON line. Exits 0 with a note when the shared
-traces are absent.
+Two workloads, both replayed at residency 0.45 on h100-pcie5 with each system's own manager (the
+compiled one where the system has it, `seqmoe.manager.build_manager`):
+- DeepSeek-V2-Lite dimensions (26 layers x 64 experts, top-6): the first --tokens of the last
+  200 Puffin prompts of ../shared, the other prompts train; the seqmoe systems need --predictor
+  (a forecaster trained on those prompts, `seqmoe train`) and are skipped without it. Skipped
+  with a note when ../shared is absent.
+- seqmoe-tiny dimensions: the embedded demo routing; the forecaster is the demo's (trained once
+  and cached, about 20 s).
+For each (workload, system): decision microseconds per token (host time inside the manager's
+decision calls: predictor, scheduler, eviction, bookkeeping), simulated activations per second of
+wall time, and the hit rate. Prints a table, then one JSON line. Numbers are for an otherwise idle
+machine: a busy one inflates them.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
-import sys
-import time
-from pathlib import Path
 
-import numpy as np
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")  # one thread, as the budgets are stated; before numpy loads
 
-from seqmoe.config import SimConfig
-from seqmoe.sim.run import load_workload, run_one
-from seqmoe.trace.io import load_trace
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from seqmoe.config import SimConfig  # noqa: E402
+from seqmoe.errors import UserError  # noqa: E402
+from seqmoe.manager.systems import SYSTEMS, check_systems  # noqa: E402
+from seqmoe.sim.run import load_workload, run_one  # noqa: E402
+from seqmoe.trace.io import load_trace  # noqa: E402
+
+
+def _workloads(args):
+    """(name, SimConfig, train, test) of each workload that can run here."""
+    puffin = Path(args.shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
+    if puffin.is_dir():
+        trace = load_trace(puffin)
+        R = trace.num_requests
+        train, test = trace.select_requests(np.arange(R - 200)), trace.select_requests(np.arange(R - 200, R))
+        cfg = SimConfig(trace="puffin[-200:]", train="puffin[:-200]", residency=args.residency,
+                        max_tokens=args.tokens, predictor=args.predictor)
+        yield "deepseek-v2-lite", cfg, train, test
+    else:
+        print(f"shared traces not found at {puffin}; DeepSeek-V2-Lite dimensions skipped", file=sys.stderr)
+    from seqmoe.demo import demo_predictor
+    from seqmoe.tiny.traces import load_demo_traces
+
+    train, test = load_demo_traces()
+    cfg = SimConfig(trace="embedded:seqmoe-tiny-test", train="embedded:seqmoe-tiny-train", model_profile="seqmoe-tiny",
+                    residency=args.residency, max_tokens=args.tokens, predictor=str(demo_predictor(train)))
+    yield "seqmoe-tiny", cfg, train, test
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--systems", default="on-demand-lru,belady,oracle-prefetch")
-    p.add_argument("--shared", default=os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared")))
+    p.add_argument("--systems", default=",".join(n for n, s in SYSTEMS.items()), help="comma-separated systems")
+    p.add_argument("--predictor", default=None, help="forecaster of the DeepSeek-V2-Lite training prompts (`seqmoe train`)")
+    p.add_argument("--tokens", type=int, default=1000, help="tokens replayed per run (default: 1000)")
     p.add_argument("--residency", type=float, default=0.45)
+    p.add_argument("--shared", default=os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared")))
     args = p.parse_args()
-    puffin = Path(args.shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
-    if not puffin.is_dir():
-        print(f"shared traces not found at {puffin}; nothing to measure", file=sys.stderr)
-        return 0
-    t0 = time.perf_counter()
-    trace = load_trace(puffin)
-    load_s = time.perf_counter() - t0
-    R = trace.num_requests
-    cfg = SimConfig(trace="puffin[-200:]", train="puffin[:-200]", residency=args.residency)
-    w = load_workload(cfg, train=trace.select_requests(np.arange(R - 200)), test=trace.select_requests(np.arange(R - 200, R)))
+    systems = args.systems.split(",")
+    try:
+        check_systems(systems)
+    except UserError as e:
+        p.error(str(e))
     rows = []
-    for name in args.systems.split(","):
-        row = run_one(w, SimConfig(**(cfg.to_dict() | {"system": name})))
-        rows.append({"system": name, "activations": row["activations"], "sim_wall_s": round(row["sim_wall_s"], 3),
-                     "activations_per_s": round(row["activations_per_s"]), "hit_rate": round(row["hit_rate"], 4),
-                     "decision_us_per_token": round(row["decision_us_per_token"], 1)})
-    print(f"import of {R} prompts: {load_s:.1f} s")
-    print(f"{'system':26} {'activations':>12} {'wall s':>8} {'act/s':>10} {'hit':>7} {'us/tok':>8}")
+    for workload, cfg, train, test in _workloads(args):
+        w = load_workload(cfg, train=train, test=test)
+        warm = load_workload(SimConfig(**(cfg.to_dict() | {"max_tokens": 30})), train=train, test=test)
+        warm.predictors.update(w.predictors)
+        for name in systems:
+            if SYSTEMS[name].needs_predictor and cfg.predictor is None:
+                print(f"{workload}: {name} skipped (no --predictor)", file=sys.stderr)
+                continue
+            run_cfg = SimConfig(**(cfg.to_dict() | {"system": name}))
+            run_one(warm, run_cfg)  # warm-up: loads the compiled kernels (compiles them the first time)
+            w.predictors.update(warm.predictors)
+            row = run_one(w, run_cfg)
+            rows.append({"workload": workload, "system": name, "tokens": row["num_tokens"],
+                         "decision_us_per_token": round(row["decision_us_per_token"], 1),
+                         "activations_per_s": round(row["activations_per_s"]), "sim_wall_s": round(row["sim_wall_s"], 2),
+                         "hit_rate": round(row["hit_rate"], 4)})
+            print(f"{workload}: {name} {rows[-1]['decision_us_per_token']} us/token", file=sys.stderr)
+    print(f"{'workload':18} {'system':26} {'decision us/token':>18} {'activations/s':>14} {'hit':>7}")
     for r in rows:
-        print(f"{r['system']:26} {r['activations']:>12} {r['sim_wall_s']:>8.2f} {r['activations_per_s']:>10} "
-              f"{r['hit_rate']:>7.4f} {r['decision_us_per_token']:>8.1f}")
-    print(json.dumps({"benchmark": "sim_speed", "import_s": round(load_s, 2), "rows": rows}))
+        print(f"{r['workload']:18} {r['system']:26} {r['decision_us_per_token']:>18.1f} {r['activations_per_s']:>14} "
+              f"{r['hit_rate']:>7.4f}")
+    print(json.dumps({"benchmark": "sim_speed", "residency": args.residency, "rows": rows}))
     return 0
 
 

@@ -16,6 +16,7 @@ import sys
 
 from seqmoe.errors import UserError
 from seqmoe.trace.io import load_trace
+from seqmoe.trace.schema import check_dims
 
 DEFAULT_EPOCHS = 8
 DEFAULT_MAX_MINUTES = 14.0
@@ -84,7 +85,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _baselines(train_path: str, test) -> dict:
     """The forecasts to compare with seqmoe's: training-split frequency, and each baseline system's own."""
-    from seqmoe.manager import check_dims
     from seqmoe.manager.systems import SYSTEMS
     from seqmoe.predict.freq import FrequencyPredictor
 

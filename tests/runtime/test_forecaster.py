@@ -64,13 +64,13 @@ def test_token_ids_reach_the_forecaster_as_simulate_passes_them(predictor_dir):
     """Live, the forecaster hashes the input ids directly; on the recorded trace (ids, no vocab) the
     bucket table gives the same buckets; and the ids it is fed are the trace's, request starts included."""
     ref = reference("olmoe")
-    pred = load_seq_predictor(predictor_dir)
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "seqmoe", train=ref.train, predictor=load_seq_predictor(predictor_dir), hardware=TEST_HW)
+    pred = rt.controller.system.predictor  # the system's own forecaster (with the manager's window)
     seen: list = []
     begin_token, begin_request = pred.begin_token, pred.begin_request
     pred.begin_token = lambda step, tok: (seen.append((step, tok)), begin_token(step, tok))[1]
     pred.begin_request = lambda: (seen.append("request"), begin_request())[1]
-    model = fresh("olmoe")
-    rt = offload(model, 0.3, "seqmoe", train=ref.train, predictor=pred, hardware=TEST_HW)
     assert pred._table is None  # bound to the placeholder: no vocabulary
     live = [pred._bucket(t) for t in range(128)]
     for p in PROMPTS:

@@ -13,7 +13,6 @@ from seqmoe.cli import main
 from seqmoe.errors import UserError
 from seqmoe.predict.seqmodel import load_seq_predictor
 from seqmoe.manager.systems import SYSTEMS
-from tests.conftest import make_trace
 from tests.sim.test_replay import replay
 
 pytest.importorskip("torch")

@@ -16,7 +16,7 @@ named systems and what each declares).
 
 from seqmoe.manager.counts import SimCounts, summarize
 from seqmoe.manager.driver import Driver
-from seqmoe.manager.placement import capacity_for, check_capacity, check_dims, check_residency, start_placement
+from seqmoe.manager.placement import capacity_for, check_capacity, check_residency, start_placement
 from seqmoe.manager.state import MemoryManager, PoolObserver, System
 from seqmoe.manager.systems import SYSTEMS, SystemInputs, SystemSpec, build_system, system_spec
 
@@ -34,4 +34,4 @@ def build_manager(system: System, *, model, hardware, capacity: int, start, obse
 
 __all__ = ["Driver", "MemoryManager", "PoolObserver", "System", "SimCounts", "summarize", "SYSTEMS", "SystemInputs",
            "SystemSpec", "build_manager", "build_system", "system_spec", "capacity_for", "check_capacity",
-           "check_dims", "check_residency", "start_placement"]
+           "check_residency", "start_placement"]

@@ -1,8 +1,7 @@
-"""Capacity, the start placement every system shares, and the checks of a manager's inputs.
+"""Capacity, the start placement every system shares, and the checks of residency and capacity.
 
     C = capacity_for(residency, L, E, K)      # floor(r * L * E) slots; UserError unless 0 < r <= 1 and C >= K
     start = start_placement(train, C)         # the C experts used most often in the training split
-    check_dims("--trace", trace, model)       # a trace's L, E, K against the model's
 """
 
 from __future__ import annotations
@@ -35,24 +34,6 @@ def capacity_for(residency: float, num_layers: int, num_experts: int, top_k: int
     capacity = int(np.floor(residency * num_layers * num_experts + 1e-9))
     check_capacity(capacity, top_k, residency, num_layers * num_experts)
     return capacity
-
-
-def dims(x) -> tuple[int, int, int]:
-    """(L, E, K) of a trace, a model profile, or anything with `num_layers`, `num_experts`, `top_k`."""
-    return int(x.num_layers), int(x.num_experts), int(x.top_k)
-
-
-def check_dims(what: str, got, want, hint: str = "pick the profile of the model the trace was recorded from", *,
-               against: str | None = None) -> None:
-    """UserError unless `got` and `want` (traces, profiles, predictors' configs) share L, E and K.
-
-    The message calls `want` `against`, else by its `name` (a model profile), else "the model".
-    """
-    a, b = dims(got), dims(want)
-    if a != b:
-        name = getattr(want, "name", None)
-        of = against or (f"model profile {name!r}" if name else "the model")
-        raise UserError(f"{what} has L={a[0]}, E={a[1]}, K={a[2]} but {of} has L={b[0]}, E={b[1]}, K={b[2]}; {hint}")
 
 
 def uid_counts(trace: RoutingTrace) -> np.ndarray:

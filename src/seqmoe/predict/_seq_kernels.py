@@ -14,10 +14,10 @@ import numpy as np
 
 
 @nb.njit(cache=True, fastmath=True)
-def add_rows(acc, table, rows):
-    """acc [D] += sum of table[rows] ([R] int64 row indices into table [N, D])."""
-    for r in rows:
-        acc += table[r]
+def add_rows(acc, table, base, ids):
+    """acc [D] += sum of table[base + ids] (ids [K] ints, rows of table [N, D])."""
+    for i in ids:
+        acc += table[base + i]
 
 
 @nb.njit(cache=True, fastmath=True)

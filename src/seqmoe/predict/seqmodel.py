@@ -44,7 +44,7 @@ import numpy as np
 from seqmoe.errors import UserError
 from seqmoe.predict import _seq_kernels as kernels
 from seqmoe.predict.base import Forecast
-from seqmoe.trace.schema import RoutingTrace
+from seqmoe.trace.schema import RoutingTrace, check_dims
 
 FORMAT = "seqmoe-seq-predictor"
 VERSION = "1"
@@ -185,15 +185,10 @@ class SeqPredictor:
 
     # -- trace binding ----------------------------------------------------------------------------
     def check_trace(self, trace: RoutingTrace) -> None:
-        """Raise PredictorError unless `trace` has this checkpoint's L, E, K; bind its vocabulary
+        """Raise UserError unless `trace` has this checkpoint's L, E, K; bind its vocabulary
         (token ids passed to `begin_token` are then hashed through `trace.vocab`)."""
-        got = (trace.num_layers, trace.num_experts, trace.top_k)
-        want = (self.L, self.E, self.K)
-        if got != want:
-            raise PredictorError(
-                f"trace has L={got[0]}, E={got[1]}, K={got[2]} but the predictor was trained for "
-                f"L={want[0]}, E={want[1]}, K={want[2]}; train one on a trace of the same model"
-            )
+        check_dims("the trace", trace, self.config, "train one on a trace of the same model",
+                   against="the predictor's training trace")
         self._table = bucket_table(trace, self.config.hash_buckets)
 
     def _bucket(self, token_id: int | None) -> int:
@@ -216,11 +211,10 @@ class SeqPredictor:
         t, l = divmod(step, self.L)
         if t != self._t:  # begin_token was skipped: the token is unknown
             self._start_token(t, self._unknown)
-        rows = l * self.E + np.asarray(ids, dtype=np.int64)
         if self.window is None:
-            self._acc += self._obs[rows].sum(axis=0)
+            self._acc += self._obs[l * self.E + np.asarray(ids, dtype=np.int64)].sum(axis=0)
         else:
-            kernels.add_rows(self._acc, self._obs, rows)
+            kernels.add_rows(self._acc, self._obs, l * self.E, ids)
         self._lk = l
         self._observed = True
 

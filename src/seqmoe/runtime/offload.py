@@ -23,8 +23,7 @@ from seqmoe.cache import LRUPolicy
 from seqmoe.collect.routers import MoeLayer, decoder_layers, moe_layers
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
-from seqmoe.manager import (SystemInputs, build_manager, build_system, capacity_for, check_dims, start_placement,
-                            summarize)
+from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement, summarize
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime.control import Controller, install_hooks
@@ -33,7 +32,7 @@ from seqmoe.runtime.control_thread import ControlThread
 from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
 from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
-from seqmoe.trace.schema import RoutingTrace, TraceMeta
+from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
 
 
 def _check_system(system: str, train: RoutingTrace | None, predictor) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
-from seqmoe.manager import Driver, System, build_manager, check_dims
+from seqmoe.manager import Driver, System, build_manager
 from seqmoe.manager.counts import SimCounts
 from seqmoe.profiles import HardwareProfile, ModelProfile
-from seqmoe.trace.schema import RoutingTrace
+from seqmoe.trace.schema import RoutingTrace, check_dims
 
 
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,

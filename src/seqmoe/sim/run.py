@@ -18,13 +18,13 @@ import numpy as np
 from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
-from seqmoe.manager import SystemInputs, build_system, capacity_for, check_dims, check_residency, start_placement, summarize
+from seqmoe.manager import SystemInputs, build_system, capacity_for, check_residency, start_placement, summarize
 from seqmoe.manager.systems import check_systems, system_spec
 from seqmoe.predict.cache import seq_predictor_for
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.trace.io import load_trace
-from seqmoe.trace.schema import RoutingTrace
+from seqmoe.trace.schema import RoutingTrace, check_dims
 from seqmoe.trace.split import split_trace
 
 SCHEMA_VERSION = 1

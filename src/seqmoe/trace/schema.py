@@ -168,3 +168,21 @@ class RoutingTrace:
             token_ids=None if self.token_ids is None else self.token_ids[:n],
             pregate_logits=None if self.pregate_logits is None else self.pregate_logits[:n],
         )
+
+
+def dims(x) -> tuple[int, int, int]:
+    """(L, E, K) of a trace, a model profile, or anything with `num_layers`, `num_experts`, `top_k`."""
+    return int(x.num_layers), int(x.num_experts), int(x.top_k)
+
+
+def check_dims(what: str, got, want, hint: str = "pick the profile of the model the trace was recorded from", *,
+               against: str | None = None) -> None:
+    """UserError unless `got` and `want` (traces, profiles, predictors' configs) share L, E and K.
+
+    The message calls `want` `against`, else by its `name` (a model profile), else "the model".
+    """
+    a, b = dims(got), dims(want)
+    if a != b:
+        name = getattr(want, "name", None)
+        of = against or (f"model profile {name!r}" if name else "the model")
+        raise UserError(f"{what} has L={a[0]}, E={a[1]}, K={a[2]} but {of} has L={b[0]}, E={b[1]}, K={b[2]}; {hint}")

@@ -9,16 +9,18 @@ float64 [3, L * E] are working space.
 
 from __future__ import annotations
 
-import math
 
 import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled import engine, ops
+from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, forecast_update, keep_values, refresh,
+                                               victim_at)
 from seqmoe.manager.compiled.layout import (
-    CAND, COPY_S, MEMO_MUT, MEMO_STEP, MEMO_VERSION, NMEMO, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, L_, LEAD, MARGIN, MAX_JOBS, MAX_TRIES, MUT, NJOBS, NOW, PACE, PF_QUEUED, POL_STEP, PRESENT, STEP, TOKEN_S, UNUSED, VERSION,
+    CAND, CANDS, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, L_, LEAD, MARGIN, MAX_JOBS, MAX_TRIES,
+    MEMO_MUT, MEMO_STEP, MEMO_VERSION, MUT, NJOBS, NMEMO, NOW, PACE, PF_QUEUED, POL_STEP, STEP, TOKEN_S, UNUSED, VALUES,
+    VERSION,
 )
-from seqmoe.manager.compiled.policies import cheapest_values, first_uses, forecast_update, keep_values, victim_at
 
 jit = nb.njit(cache=True)
 
@@ -100,17 +102,12 @@ def _most_valuable(values, uids, k, scratch):
 @jit
 def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF):
     """Candidate copies into JI / JF (see the module doc); how many."""
-    uids, steps = WI[0], WI[1]
-    m = first_uses(I, F, S, G, uids, steps)
-    a = 0
-    for i in range(m):  # absent ones only
-        if not I[PRESENT, uids[i]]:
-            uids[a], steps[a] = uids[i], steps[i]
-            a += 1
+    a = candidates(I, F, S, G, TAB, DISC)  # absent, forecast with p >= min_prob ahead
     if a == 0:
         return 0
-    values = keep_values(I, F, S, G, TAB, DISC)
-    top = _most_valuable(values, uids[:a], S[MAX_JOBS], WF[0])
+    uids = I[CANDS, :a]
+    values = F[VALUES]
+    top = _most_valuable(values, uids, S[MAX_JOBS], WF[0])
     cost = WF[1]
     c = cheapest_values(I, F, S, G, TAB, DISC, len(top), cost)  # the cheapest residents pair with them
     k = 0
@@ -121,7 +118,7 @@ def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF):
         profit = value - (1.0 - value) * cost[i]
         # Do no harm: the newcomer must be worth more than its victim, else it is the next one evicted.
         if profit > margin and values[u] > cost[i]:
-            JI[0, k], JI[1, k] = u, steps[top[i]]
+            JI[0, k], JI[1, k] = u, I[FIRST_USE, u]
             JF[0, k], JF[1, k] = value, profit
             k += 1
     return k
@@ -136,24 +133,21 @@ def _jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF):
 
 
 @jit
-def _cancel_stale(I, F, S, G, EV, WI):
+def _cancel_stale(I, F, S, G, EV, TAB, DISC):
     """Cancel queued prefetches the new forecast no longer expects (p < min_prob at every position ahead)."""
-    uids, steps = WI[0], WI[1]
-    m = first_uses(I, F, S, G, uids, steps)
-    expected = I[CAND]
-    for i in range(m):
-        expected[uids[i]] = 1
+    fresh = False
     for u in range(I.shape[1]):
         q = I[PF_QUEUED, u]
         if q < 0:
             continue
+        if not fresh:
+            refresh(I, F, S, G, TAB, DISC, True)
+            fresh = True
         if q <= S[STEP]:
             I[PF_QUEUED, u] = -1  # its layer has routed
-        elif not expected[u]:
+        elif I[FIRST_USE, u] < 0:
             ops.cancel(I, S, EV, u)  # False once the copy has started: then it simply runs
             I[PF_QUEUED, u] = -1
-    for i in range(m):
-        expected[uids[i]] = 0  # the scratch row is all 0 between uses
 
 
 @jit
@@ -161,10 +155,7 @@ def plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_fo
     """`DeadlinePrefetcher.plan`: re-plan and issue the head of the plan (a forecast was just loaded if `new_forecast`)."""
     forecast_update(S, new_forecast, S[STEP])
     if new_forecast:
-        for u in range(I.shape[1]):
-            if I[PF_QUEUED, u] >= 0:
-                _cancel_stale(I, F, S, G, EV, WI)
-                break
+        _cancel_stale(I, F, S, G, EV, TAB, DISC)
     now, copy = G[NOW], G[COPY_S]
     start = engine.backlog_end(S, G, now)
     lead = G[LEAD]

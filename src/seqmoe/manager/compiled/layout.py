@@ -31,7 +31,8 @@ DIRTY = 18  # forecast policy: uids whose prior changed since it was computed (a
 USES = 19  # forecast policy: the uids with a FIRST_USE, increasing (NUSES of them)
 LIKELY = 20  # forecast policy: the uids with a FIRST_LIKELY, by it (NLIKELY of them)
 CHEAP = 21  # forecast policy: the CHEAP_N cheapest residents by (keep value, tick) (NCHEAP of them)
-NI = 22
+CANDS = 22  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
+NI = 23
 
 # -- per-uid float fields (rows of F) -------------------------------------------------------------
 DONE_AT = 0  # engine: completion time of a started, unfinished copy
@@ -60,7 +61,8 @@ MAX_JOBS, MAX_TRIES = 38, 39  # deadline scheduler's limits
 PRIOR_END, NDIRTY, AHEAD_STEP, AHEAD_VERSION = 40, 41, 42, 43  # forecast policy caches
 NUSES, NLIKELY, NCHEAP, CHEAP_STEP, CHEAP_VERSION, CHEAP_MUT = 44, 45, 46, 47, 48, 49
 MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 50, 51, 52, 53  # deadline scheduler's victim_at answers
-NS = 54
+NCANDS = 54
+NS = 55
 
 CHEAP_N = 64
 """Cheapest residents kept in order: the scheduler pairs at most max_jobs (64) candidates with them."""

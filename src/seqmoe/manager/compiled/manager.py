@@ -9,7 +9,7 @@ import numpy as np
 from seqmoe.cache.forecast import ForecastPolicy, discount_table
 from seqmoe.cache.lru import LRUPolicy
 from seqmoe.errors import UserError
-from seqmoe.manager.compiled import engine, policies, step
+from seqmoe.manager.compiled import engine, recency, step
 from seqmoe.manager.compiled.layout import (
     CANCELLED, CAP, COPY_S, DONE_AT, E_, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, F_FIRST, FLOOR,
     GEOM, JOBS_KEY_STEP, MEMO_STEP, K_, L_, LATE, LAYER, LAYER_S, LEAD, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MIN_PROB, MISSES,
@@ -45,6 +45,9 @@ def compilable(system) -> bool:
         return False
     horizon = getattr(pred, "horizon", None)
     return pred is not None and horizon is not None and horizon <= 2 * system.policy._L
+
+
+_NO_STEPS, _NO_PROBS = np.zeros(0, np.int64), np.zeros((0, 1), np.float32)  # `decide` without a new forecast
 
 
 class CompiledManager(ManagerBase):
@@ -83,11 +86,14 @@ class CompiledManager(ManagerBase):
         start = np.asarray(list(start), dtype=np.int64)
         I[PRESENT, start] = 1
         S[NUM_PRESENT] = len(start)
-        policies.policy_reset(I, S, start)
+        recency.policy_reset(I, S, start)
         S[JOBS_KEY_STEP] = S[MEMO_STEP] = -(1 << 40)
         S[STEP] = -1
         self.predictor = system.predictor
         self._plans = S[PREFETCHER] != PREFETCH_NONE
+        self._state = (I, F, S, G, self.DQ, self.PH, self.RQI, self.RQF)
+        self._serve_args = self._state + (self.EV, self.TAB, self.DISC)
+        self._plan_args = self._serve_args + ((self.JI, self.JF, self.WI, self.WF, self.MI) if self._plans else ())
         self.decision_s = 0.0
 
     def _setup_policy(self, policy) -> None:
@@ -125,50 +131,49 @@ class CompiledManager(ManagerBase):
 
     # -- the driver API ---------------------------------------------------------------------------------
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:
-        step.move_to(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, step_ - 1, now, self.buf)
+        step.move_to(*self._state, step_ - 1, now, self.buf)
         if self.predictor is None and not self._plans:
             return
         t0 = time.perf_counter()
         if self.predictor is not None:
             self.predictor.begin_token(step_, token_id)
-        self._decide(None)
+        self._decide(None, step_ - 1)
         self.decision_s += time.perf_counter() - t0
 
     def layer(self, step_: int, needed: np.ndarray, ids, reveal: float) -> float:
         t0 = time.perf_counter()
-        status, start = step.serve(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, self.EV,
-                                   self.TAB, self.DISC, needed, step_, reveal, self.buf)
-        self._deliver()
+        status, start = step.serve(*self._serve_args, needed, step_, reveal, self.buf)
+        if self.S[NEV]:
+            self._deliver()
         if status != OK:
             raise UserError(f"no slot can be freed at position {step_}: {self.capacity} slots are all copying")
-        self._decide(ids)
+        self._decide(ids, step_)
         step.finish_layer(self.I, self.G, needed, reveal, start)
         self.decision_s += time.perf_counter() - t0
         return start
 
     def layer_end(self, step_: int, now: float) -> None:
-        step.move_to(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, step_, now, self.buf)
         t0 = time.perf_counter()
-        self._plan(False)
+        step.end_layer(*self._plan_args, step_, now, self.buf)
+        if self.S[NEV]:
+            self._deliver()
         self.decision_s += time.perf_counter() - t0
 
-    def _decide(self, ids) -> None:
+    def _decide(self, ids, step_: int) -> None:
         pred = self.predictor
         if pred is not None and ids is not None:
-            pred.observe(int(self.S[STEP]), ids)
+            pred.observe(step_, ids)
         if not self._plans:
             return
-        fc = pred.predict(int(self.S[STEP]))
-        if fc is not None:
+        fc = pred.predict(step_)
+        if fc is None:
+            ok = step.decide(*self._plan_args, False, _NO_STEPS, _NO_PROBS, np.float32(0.0))
+        else:
             probs = fc.probs
-            if not policies.load_forecast(self.I, self.F, self.S, fc.steps, probs, probs.dtype.type(self.G[FLOOR])):
-                raise ValueError(f"a forecast of {len(fc.steps)} positions does not fit the compiled policy")
-        self._plan(fc is not None)
-
-    def _plan(self, new_forecast: bool) -> None:
-        if self._plans:
-            step.plan(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, self.EV, self.TAB,
-                      self.DISC, self.JI, self.JF, self.WI, self.WF, self.MI, new_forecast)
+            ok = step.decide(*self._plan_args, True, fc.steps, probs, probs.dtype.type(self.G[FLOOR]))
+        if not ok:
+            raise ValueError(f"a forecast of {len(fc.steps)} positions does not fit the compiled policy")
+        if self.S[NEV]:
             self._deliver()
 
     def _deliver(self) -> None:
@@ -209,4 +214,4 @@ class CompiledManager(ManagerBase):
         return view
 
     def finish(self) -> None:
-        engine.advance(self.I, self.F, self.S, self.G, self.DQ, self.PH, self.RQI, self.RQF, np.inf, self.buf)
+        engine.advance(*self._state, np.inf, self.buf)

@@ -11,7 +11,8 @@ from seqmoe.manager.compiled.layout import (
     CANCELLED, CAP, EV_DEMAND, EV_EVICT, EV_PREFETCH, NEV, NOW, NUM_PRESENT, PENDING, PINNED, PREFETCHES, PRESENT,
     STEP, UNUSED_PF, WASTED,
 )
-from seqmoe.manager.compiled.policies import policy_insert, policy_remove, policy_victim
+from seqmoe.manager.compiled.policies import policy_victim
+from seqmoe.manager.compiled.recency import policy_insert, policy_remove
 
 jit = nb.njit(cache=True)
 

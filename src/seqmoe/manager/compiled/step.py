@@ -1,8 +1,8 @@
 """The decision points of `seqmoe.manager.state.MemoryManager`, compiled: a layer's reveal (serve
 its K experts, then the scheduler plans), a layer's end and a token's start (the scheduler plans).
 
-The predictor stays in Python between `serve` and `plan` (its forecast is loaded with
-`policies.load_forecast`); everything else of a decision point is one call.
+The predictor stays in Python between `serve` and `decide` (which loads its forecast and plans);
+everything else of a decision point is one call.
 """
 
 from __future__ import annotations
@@ -10,12 +10,13 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from seqmoe.manager.compiled import deadline, engine, ops
+from seqmoe.manager.compiled import deadline, engine, forecast, ops
 from seqmoe.manager.compiled.layout import (
     ADDED, CAP, DONE_AT, ERR_NO_SLOT, NUM_PRESENT, POL_STEP, EV_PROMOTE, FINISH, LATE, LAYER_S, MISSES, NOW, OK, PACE, PACE_WEIGHT, PENDING,
     PINNED, PREFETCH_DEADLINE, PREFETCHER, PRESENT, READY, STALL, STEP, UNUSED_PF,
 )
-from seqmoe.manager.compiled.policies import demand_victims, policy_access
+from seqmoe.manager.compiled.forecast import demand_victims
+from seqmoe.manager.compiled.recency import policy_access
 
 jit = nb.njit(cache=True)
 
@@ -138,9 +139,14 @@ def finish_layer(I, G, needed, reveal, start):
 
 
 @jit
-def plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast):
+def decide(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast, steps, probs, floor):
+    """The scheduler's part of a decision point: load the new forecast (if `new_forecast`) and plan.
+    Returns False when the forecast does not fit the compiled policy (see `forecast.load_forecast`)."""
+    if new_forecast and not forecast.load_forecast(I, F, S, steps, probs, floor):
+        return False
     if S[PREFETCHER] == PREFETCH_DEADLINE:
         deadline.plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast)
+    return True
 
 
 @jit
@@ -149,3 +155,11 @@ def move_to(I, F, S, G, DQ, PH, RQI, RQF, step, now, buf):
     S[STEP] = step
     G[NOW] = now
     ops.finish_copies(I, F, S, G, DQ, PH, RQI, RQF, now, buf)
+
+
+@jit
+def end_layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, step, now, buf):
+    """The layer at `step` finished computing at `now`: its experts unpin, the scheduler plans again."""
+    move_to(I, F, S, G, DQ, PH, RQI, RQF, step, now, buf)
+    if S[PREFETCHER] == PREFETCH_DEADLINE:
+        deadline.plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, False)
