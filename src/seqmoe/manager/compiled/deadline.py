@@ -14,10 +14,10 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled import engine, ops
-from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, forecast_update, keep_values, refresh,
+from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_uses, forecast_update, keep_values,
                                                victim_at)
 from seqmoe.manager.compiled.layout import (
-    CAND, CANDS, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, L_, LEAD, MARGIN, MAX_JOBS, MAX_TRIES,
+    CANDS, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, L_, LEAD, MARGIN, MAX_JOBS, MAX_TRIES,
     MEMO_MUT, MEMO_STEP, MEMO_VERSION, MUT, NJOBS, NMEMO, NOW, PACE, PF_QUEUED, POL_STEP, STEP, TOKEN_S, UNUSED, VALUES,
     VERSION,
 )
@@ -141,7 +141,7 @@ def _cancel_stale(I, F, S, G, EV, TAB, DISC):
         if q < 0:
             continue
         if not fresh:
-            refresh(I, F, S, G, TAB, DISC, True)
+            first_uses(I, F, S, G, TAB, DISC)
             fresh = True
         if q <= S[STEP]:
             I[PF_QUEUED, u] = -1  # its layer has routed
@@ -208,7 +208,7 @@ def _victim_at(I, F, S, G, TAB, DISC, MI, step):
     for q in range(S[NMEMO]):
         if MI[0, q] == step:
             return MI[1, q], MI[2, q] != 0
-    victim, wait = victim_at(I, F, S, G, TAB, DISC, step, I[CAND])
+    victim, wait = victim_at(I, F, S, G, TAB, DISC, step)
     q = S[NMEMO]
     if q < MI.shape[1]:
         MI[0, q], MI[1, q], MI[2, q] = step, victim, wait

@@ -23,15 +23,15 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled.layout import (
-    AHEAD_STEP, AHEAD_VERSION, CANDS, CHEAP, CHEAP_MUT, CHEAP_N, CHEAP_STEP, CHEAP_VERSION, DIRTY, E_, F_FIRST, F_LAST,
-    FIRST_LIKELY, FIRST_USE, GEOM, L_, LAST_STEP, LAYER, LIKELY, MAX_HARM, MIN_PROB, MUT, NCANDS, NCHEAP, NDIRTY, NLIKELY,
+    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CHEAP_MUT, CHEAP_STEP, CHEAP_VERSION, COSTS, COSTS_N, DIRTY, E_,
+    F_FIRST,
+    F_LAST, FIRST_USE, GEOM, L_, LAST_STEP, LAYER, MAX_HARM, MIN_PROB, MUT, NCANDS, NDIRTY, NRES,
     NUM_GAP_CLASSES, NUSES, P_A, P_B, PINNED, POL_STEP, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, PRESENT,
     PREV_GAP, PRIOR, PRIOR_END, TICK, UCLASS, UNUSED, USES, VAL_STEP, VAL_VERSION, VALUES, VERSION,
 )
 from seqmoe.manager.compiled.recency import least_recent
 
 jit = nb.njit(cache=True)
-NEVER_LIKELY = np.iinfo(np.int64).max
 
 
 @jit
@@ -152,115 +152,60 @@ def _priors(I, F, S, TAB, end):
 
 
 @jit
+def _entries(F, u, in_a, in_b):
+    """u's two forecast probabilities, 0 for a position outside the forecast or the entries ahead."""
+    return F[P_A, u] * in_a, F[P_B, u] * in_b
+
+
+@jit
 def refresh(I, F, S, G, TAB, DISC, need_ahead):
-    """Bring the per-(position, forecast) results up to date: the keep values F[VALUES] (F[UNUSED]:
-    P(no forecast use)) and, with `need_ahead` (computing the values alongside when they are stale
-    too), I[FIRST_USE] (first position ahead of p >= min_prob, -1: none), I[FIRST_LIKELY] (first
-    position ahead where P(no use so far) < 1 - max_harm) and the lists USES (uids with a first use,
-    increasing) and LIKELY (uids with a first likely position, by it)."""
-    cur, version = S[POL_STEP], S[VERSION]
-    do_a = need_ahead and not (S[AHEAD_STEP] == cur and S[AHEAD_VERSION] == version)
+    """Bring the per-(position, forecast) results up to date in one pass over the uids: the keep
+    values F[VALUES] (F[UNUSED]: P(no forecast use)) and, with `need_ahead`, I[FIRST_USE] (first position ahead forecast with p >= min_prob, -1:
+    none) with the lists USES (uids with one, increasing) and CANDS (the absent ones among them).
+
+    An entry outside the forecast, or at or before the current position, counts as p = 0: adding 0
+    and multiplying by 1 leave the running sums exactly as skipping it would, without a branch."""
+    cur, version, mut = S[POL_STEP], S[VERSION], S[MUT]
     do_v = not (S[VAL_STEP] == cur and S[VAL_VERSION] == version)
+    do_a = need_ahead and not (S[AHEAD_STEP] == cur and S[AHEAD_VERSION] == version)
     if not (do_a or do_v):
         return
     L, E, last = S[L_], S[E_], S[F_LAST]
     end = _end(S, cur)
     prior = _priors(I, F, S, TAB, end) if do_v else F[PRIOR]
-    min_prob, bound = G[MIN_PROB], 1.0 - G[MAX_HARM]
-    span = max(last - cur, 0) + 1
-    lists = do_a and do_v  # the scheduler's call: build its CHEAP and CANDS lists in the same pass
-    cheap, nc = I[CHEAP], 0
-    nu, na = 0, 0
-    count = np.zeros(span + 2, dtype=np.int64)  # uids first likely at each position ahead (bin span + 1: never)
+    values, min_prob = F[VALUES], G[MIN_PROB]
+    nu = na = 0
     for l in range(L):
         a, b = _first_positions(S, l)
-        # An entry outside the forecast counts as p = 0: adding 0 and multiplying by 1 leave the
-        # running sums exactly as skipping it would, and the loop needs no branch per uid.
         in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
         da, db = DISC[0, max(a - cur, 0)], DISC[0, max(b - cur, 0)]
         dt = DISC[0, _next_after(S, end, l) - cur]
-        ka, kb = min(max(a - cur, 0), span), min(max(b - cur, 0), span)
         for u in range(l * E, (l + 1) * E):
-            pa, pb = F[P_A, u] * in_a, F[P_B, u] * in_b
-            v = pa * 1.0 * da  # value so far (P(no use at the entries before) = 1 at the first)
-            stay_a = 1.0 - pa
-            v += pb * stay_a * db
-            stay = stay_a * (1.0 - pb)
+            pa, pb = _entries(F, u, in_a, in_b)
             if do_v:
+                v = pa * 1.0 * da  # P(no use at the entries before) is 1 at the first
+                stay_a = 1.0 - pa
+                v += pb * stay_a * db
+                stay = stay_a * (1.0 - pb)
                 F[UNUSED, u] = stay
-                F[VALUES, u] = v + stay * (dt * prior[u])
+                values[u] = v + stay * (dt * prior[u])
             if do_a:
                 fu = a if pa >= min_prob else (b if pb >= min_prob else -1)
-                la, lb = stay_a < bound, stay < bound
                 I[FIRST_USE, u] = fu
-                I[FIRST_LIKELY, u] = a if la else (b if lb else NEVER_LIKELY)
                 I[USES, nu] = u
                 nu += fu >= 0
-                count[ka if la else (kb if lb else span + 1)] += 1
-            if lists:
-                present = I[PRESENT, u]
                 I[CANDS, na] = u
-                na += fu >= 0 and not present
-                if present:
-                    nc = _insert_lowest(I, F[VALUES], u, nc, CHEAP_N, cheap)
+                na += fu >= 0 and not I[PRESENT, u]
     if do_v:
         S[VAL_STEP], S[VAL_VERSION] = cur, version
     if do_a:
-        S[NUSES] = nu
-        at = np.cumsum(count) - count  # counting sort of the likely ones by position
-        for u in range(L * E):
-            fl = I[FIRST_LIKELY, u]
-            if fl != NEVER_LIKELY:
-                I[LIKELY, at[fl - cur]] = u
-                at[fl - cur] += 1
-        S[NLIKELY] = at[span]  # the end of the last position's bin
-        S[AHEAD_STEP], S[AHEAD_VERSION] = cur, version
-    if lists:
-        S[NCHEAP], S[NCANDS] = nc, na
-        S[CHEAP_STEP], S[CHEAP_VERSION], S[CHEAP_MUT] = cur, version, S[MUT]
+        S[NUSES], S[NCANDS] = nu, na
+        S[AHEAD_STEP], S[AHEAD_VERSION], S[CANDS_MUT] = cur, version, mut
 
 
 @jit
-def keep_values(I, F, S, G, TAB, DISC):
-    """F[VALUES]: the keep values at the policy's position (see `refresh`)."""
-    refresh(I, F, S, G, TAB, DISC, False)
-    return F[VALUES]
-
-
-@jit
-def first_uses(I, F, S, G, TAB, DISC, uids, steps):
-    """Each uid's first position ahead forecast with probability >= min_prob (uids increasing); how many."""
-    refresh(I, F, S, G, TAB, DISC, True)
-    m = S[NUSES]
-    for i in range(m):
-        u = I[USES, i]
-        uids[i], steps[i] = u, I[FIRST_USE, u]
-    return m
-
-
-@jit
-def _cheap(I, F, S, G, TAB, DISC):
-    """The CHEAP list (the CHEAP_N, or all, residents lowest in (keep value, tick), in that order)
-    and the CANDS list (see `candidates`); cached per (position, forecast, state). `refresh` builds
-    both in its pass for the scheduler; this rebuilds them after the state changed."""
-    if S[CHEAP_STEP] == S[POL_STEP] and S[CHEAP_VERSION] == S[VERSION] and S[CHEAP_MUT] == S[MUT]:
-        return S[NCHEAP]
-    refresh(I, F, S, G, TAB, DISC, True)
-    values = F[VALUES]
-    S[NCHEAP] = lowest(I, values, I[PRESENT], 0, CHEAP_N, I[CHEAP])
-    na = 0
-    for i in range(S[NUSES]):
-        u = I[USES, i]
-        I[CANDS, na] = u
-        na += not I[PRESENT, u]
-    S[NCANDS] = na
-    S[CHEAP_STEP], S[CHEAP_VERSION], S[CHEAP_MUT] = S[POL_STEP], S[VERSION], S[MUT]
-    return S[NCHEAP]
-
-
-@jit
-def _insert_lowest(I, values, u, m, k, out):
-    """Insert u into out[:m], kept lowest-first in (value, tick) and at most k long; the new length."""
+def _insert(I, values, u, m, k, out):
+    """Insert u into out[:m], kept lowest first in (value, tick) and at most k long; the new length."""
     x, t = values[u], I[TICK, u]
     if m == k:
         w = out[m - 1]
@@ -280,90 +225,153 @@ def _insert_lowest(I, values, u, m, k, out):
 
 
 @jit
-def lowest(I, values, want, skip_pinned, k, out):
-    """The k (or fewer) uids with `want` set (and unpinned if `skip_pinned`) lowest in (value, tick),
-    in that order, into `out`; how many."""
-    m = 0
-    for u in range(values.shape[0]):
-        if want[u] and not (skip_pinned and I[PINNED, u]):
-            m = _insert_lowest(I, values, u, m, k, out)
-    return m
+def keep_values(I, F, S, G, TAB, DISC):
+    """F[VALUES]: the keep values at the policy's position (see `refresh`)."""
+    refresh(I, F, S, G, TAB, DISC, False)
+    return F[VALUES]
 
 
 @jit
 def candidates(I, F, S, G, TAB, DISC):
-    """The CANDS list: absent uids forecast with p >= min_prob ahead, increasing; how many (cached
-    per (position, forecast, state), as CHEAP)."""
+    """The CANDS list (absent uids forecast with p >= min_prob ahead, increasing), current; its length."""
     refresh(I, F, S, G, TAB, DISC, True)
-    if not (S[CHEAP_STEP] == S[POL_STEP] and S[CHEAP_VERSION] == S[VERSION] and S[CHEAP_MUT] == S[MUT]):
-        _cheap(I, F, S, G, TAB, DISC)
+    if S[CANDS_MUT] != S[MUT]:
+        na = 0
+        for i in range(S[NUSES]):
+            u = I[USES, i]
+            I[CANDS, na] = u
+            na += not I[PRESENT, u]
+        S[NCANDS], S[CANDS_MUT] = na, S[MUT]
     return S[NCANDS]
 
 
 @jit
+def first_uses(I, F, S, G, TAB, DISC):
+    """I[FIRST_USE] of every uid, current (see `refresh`)."""
+    refresh(I, F, S, G, TAB, DISC, True)
+    return I[FIRST_USE]
+
+
+@jit
+def _heap_replace_max(heap, m, x):
+    """In a max-heap heap[:m] of values: replace the root by x and sift it down."""
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= m:
+            break
+        if c + 1 < m and heap[c + 1] > heap[c]:
+            c += 1
+        if heap[c] <= x:
+            break
+        heap[i] = heap[c]
+        i = c
+    heap[i] = x
+
+
+@jit
+def _heap_push_max(heap, m, x):
+    """Push x onto the max-heap heap[:m] (m + 1 long after)."""
+    i = m
+    while i > 0 and heap[(i - 1) // 2] < x:
+        heap[i] = heap[(i - 1) // 2]
+        i = (i - 1) // 2
+    heap[i] = x
+
+
+@jit
 def cheapest_values(I, F, S, G, TAB, DISC, n, out):
-    """The `n` (<= CHEAP_N) lowest keep values of the residents, pinned or not, ascending into `out`; how many."""
-    m = min(n, _cheap(I, F, S, G, TAB, DISC))
-    values = F[VALUES]
-    for i in range(m):
-        out[i] = values[I[CHEAP, i]]
+    """The `n` (<= COSTS_N) lowest keep values of the residents, pinned or not, ascending into `out`;
+    how many. Cached per (position, forecast, state)."""
+    values = keep_values(I, F, S, G, TAB, DISC)
+    if not (S[CHEAP_STEP] == S[POL_STEP] and S[CHEAP_VERSION] == S[VERSION] and S[CHEAP_MUT] == S[MUT]):
+        heap = F[COSTS]  # a max-heap of the lowest values so far, sorted at the end
+        L, E, cur, m = S[L_], S[E_], S[POL_STEP], 0
+        for j in range(L):  # farthest layer first: the lowest values come early
+            l = (cur + L - j) % L
+            for u in range(l * E, (l + 1) * E):
+                if not I[PRESENT, u]:
+                    continue
+                x = values[u]
+                if m < COSTS_N:
+                    _heap_push_max(heap, m, x)
+                    m += 1
+                elif x < heap[0]:
+                    _heap_replace_max(heap, m, x)
+        heap[:m] = np.sort(heap[:m])
+        S[NRES] = m
+        S[CHEAP_STEP], S[CHEAP_VERSION], S[CHEAP_MUT] = S[POL_STEP], S[VERSION], S[MUT]
+    m = min(n, S[NRES])
+    out[:m] = F[COSTS, :m]
     return m
 
 
 @jit
-def victim_at(I, F, S, G, TAB, DISC, step, busy):
+def _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
+    """Whether resident u is likely used before `step`: P(no use so far) < bound at an entry before it
+    (it only falls along u's entries)."""
+    pa, pb = _entries(F, u, in_a, in_b)
+    stay_a = 1.0 - pa
+    return (stay_a < bound and a < step) or (stay_a * (1.0 - pb) < bound and b < step)
+
+
+@jit
+def victim_at(I, F, S, G, TAB, DISC, step):
     """(victim, wait) of `ForecastPolicy.victim_at` (with the scheduler's max_harm): whom a copy
     needed at `step` should displace now, and whether it should wait because a resident likely used
-    before `step` may be worth less then. `busy` is scratch [L * E], all 0 (and left so)."""
+    before `step` may be worth less then.
+
+    Only uids with a forecast position before `step` can be busy (likely used before it): those of
+    the layers at positions cur + 1 .. step - 1, scanned layer by layer."""
     if S[POLICY] == POLICY_FORECAST_LRU_VICTIMS:
         return least_recent(I, I.shape[1], True), False
-    refresh(I, F, S, G, TAB, DISC, True)
-    values = F[VALUES]
-    nb_ = 0  # busy: resident and likely used before `step` (a prefix of LIKELY)
-    for i in range(S[NLIKELY]):
-        u = I[LIKELY, i]
-        if I[FIRST_LIKELY, u] >= step:
-            break
-        if I[PRESENT, u]:
-            busy[u] = 1
-            nb_ += 1
-    m = _cheap(I, F, S, G, TAB, DISC)
-    victim = -1
-    for i in range(m):
-        if not busy[I[CHEAP, i]]:
-            victim = I[CHEAP, i]
-            break
-    if victim < 0 and m == CHEAP_N:  # every listed one is busy: look further
-        victim = cheapest_resident(I, values, busy)
-    if victim < 0 or nb_ == 0:  # nothing resident, every resident likely needed before `step`, or none
-        for i in range(S[NLIKELY]):
-            busy[I[LIKELY, i]] = 0
-        return victim, victim < 0 and nb_ > 0
+    values = keep_values(I, F, S, G, TAB, DISC)
+    cur, last, L, E = S[POL_STEP], S[F_LAST], S[L_], S[E_]
+    bound = 1.0 - G[MAX_HARM]
+    # The victim: the cheapest resident not busy (a uid is checked only when it would improve on the best).
+    victim, best_v, best_t = -1, np.inf, 0
+    for j in range(L):  # farthest layer first: the lowest values come early, few uids improve on them
+        l = (cur + L - j) % L
+        a, b = _first_positions(S, l)
+        in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
+        for u in range(l * E, (l + 1) * E):
+            if not I[PRESENT, u]:
+                continue
+            x = values[u]
+            if victim >= 0 and (x > best_v or (x == best_v and I[TICK, u] > best_t)):
+                continue
+            if not _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
+                victim, best_v, best_t = u, x, I[TICK, u]
     # The busy ones' values seen from step - 1 (uses at `step` count: those experts are pinned then).
-    cur, last, L = S[POL_STEP], S[F_LAST], S[L_]
     end = _end(S, step - 1)
     prior = _priors(I, F, S, TAB, end)
-    tail = np.empty(L)  # discount of each layer's first position beyond the forecast, seen from step - 1
+    low, any_busy = np.inf, False
     for l in range(L):
-        tail[l] = DISC[0, _next_after(S, end, l) - (step - 1)]
-    low = np.inf
-    for i in range(S[NLIKELY]):
-        u = I[LIKELY, i]
-        if not busy[u]:
-            continue
-        busy[u] = 0
-        l = I[LAYER, u]
         a, b = _first_positions(S, l)
-        v, stay = 0.0, 1.0
-        p = F[P_A, u]
-        if cur < a <= last and a >= step and p > 0.0:
-            v += p * stay * DISC[0, a - (step - 1)]
-            stay *= 1.0 - p
-        p = F[P_B, u]
-        if cur < b <= last and b >= step and p > 0.0:
-            v += p * stay * DISC[0, b - (step - 1)]
-            stay *= 1.0 - p
-        low = min(low, v + stay * (tail[l] * prior[u]))
+        if a >= step:  # no position of this layer before `step`: none of its uids is busy
+            continue
+        in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
+        tail = DISC[0, _next_after(S, end, l) - (step - 1)]
+        da, db = DISC[0, max(a - (step - 1), 0)], DISC[0, max(b - (step - 1), 0)]
+        la, lb = 1.0 if a >= step else 0.0, 1.0 if b >= step else 0.0  # entries from `step` on
+        for u in range(l * E, (l + 1) * E):
+            if not I[PRESENT, u] or not _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
+                continue
+            any_busy = True
+            if victim < 0:
+                break
+            pa, pb = _entries(F, u, in_a * la, in_b * lb)
+            v = pa * 1.0 * da
+            stay_a = 1.0 - pa
+            v += pb * stay_a * db
+            stay = stay_a * (1.0 - pb)
+            low = min(low, v + stay * (tail * prior[u]))
+        if any_busy and victim < 0:
+            break
+    if victim < 0:  # nothing resident, or every resident is likely needed before `step`
+        return -1, any_busy
+    if not any_busy:
+        return victim, False
     return victim, bool(low < values[victim] * DISC[1, step - 1 - cur])
 
 
@@ -375,4 +383,17 @@ def demand_victims(I, F, S, G, TAB, DISC, k, out):
     values stay cached, so each later victim is the next of this order still resident and unpinned."""
     if S[POLICY] != POLICY_FORECAST:
         return -1
-    return lowest(I, keep_values(I, F, S, G, TAB, DISC), I[PRESENT], 1, k, out)
+    values = keep_values(I, F, S, G, TAB, DISC)
+    L, E, cur = S[L_], S[E_], S[POL_STEP]
+    m = 0
+    for j in range(L):  # farthest layer first: its values are the lowest, so few later uids get in
+        l = (cur + L - j) % L
+        for u in range(l * E, (l + 1) * E):
+            if not I[PRESENT, u] or I[PINNED, u]:
+                continue
+            if m == k:  # most uids are not among the k lowest: tell without a call (calls cost here)
+                x, w = values[u], out[k - 1]
+                if x > values[w] or (x == values[w] and I[TICK, u] > I[TICK, w]):
+                    continue
+            m = _insert(I, values, u, m, k, out)
+    return m

@@ -26,13 +26,10 @@ LAYER = 13  # static: layer of the uid
 UCLASS = 14  # static: frequency class of the uid in the reuse table
 CAND = 15  # scratch: flags
 FIRST_USE = 16  # forecast policy: first position ahead forecast with p >= min_prob (-1: none)
-FIRST_LIKELY = 17  # forecast policy: first position ahead where P(no use so far) < 1 - max_harm
-DIRTY = 18  # forecast policy: uids whose prior changed since it was computed (a stack, NDIRTY long)
-USES = 19  # forecast policy: the uids with a FIRST_USE, increasing (NUSES of them)
-LIKELY = 20  # forecast policy: the uids with a FIRST_LIKELY, by it (NLIKELY of them)
-CHEAP = 21  # forecast policy: the CHEAP_N cheapest residents by (keep value, tick) (NCHEAP of them)
-CANDS = 22  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
-NI = 23
+DIRTY = 17  # forecast policy: uids whose prior changed since it was computed (a stack, NDIRTY long)
+USES = 18  # forecast policy: the uids with a FIRST_USE, increasing (NUSES of them)
+CANDS = 19  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
+NI = 20
 
 # -- per-uid float fields (rows of F) -------------------------------------------------------------
 DONE_AT = 0  # engine: completion time of a started, unfinished copy
@@ -44,7 +41,8 @@ GEOM = 5  # static: the prior beyond the horizon without a reuse table
 FINISH = 6  # scratch: demand-copy finish times
 SCRATCH = 7
 PRIOR = 8  # forecast policy: cached prior beyond the horizon (for the forecast end PRIOR_END)
-NF = 9
+COSTS = 9  # forecast policy: the COSTS_N lowest keep values of the residents, ascending
+NF = 10
 
 # -- int scalars (S) ------------------------------------------------------------------------------
 L_, E_, K_, CAP, NUM_PRESENT, STEP = 0, 1, 2, 3, 4, 5
@@ -59,13 +57,13 @@ POLICY, PREFETCHER, NUM_GAP_CLASSES = 31, 32, 33  # kinds (below)
 JOBS_KEY_STEP, JOBS_KEY_VERSION, JOBS_KEY_MUT, NJOBS = 34, 35, 36, 37  # deadline scheduler's cached candidates
 MAX_JOBS, MAX_TRIES = 38, 39  # deadline scheduler's limits
 PRIOR_END, NDIRTY, AHEAD_STEP, AHEAD_VERSION = 40, 41, 42, 43  # forecast policy caches
-NUSES, NLIKELY, NCHEAP, CHEAP_STEP, CHEAP_VERSION, CHEAP_MUT = 44, 45, 46, 47, 48, 49
+NUSES, CANDS_MUT, CHEAP_STEP, CHEAP_VERSION, CHEAP_MUT = 44, 45, 47, 48, 49  # CHEAP_*: COSTS' key
 MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 50, 51, 52, 53  # deadline scheduler's victim_at answers
-NCANDS = 54
-NS = 55
+NCANDS, NRES = 54, 55  # NRES: how many COSTS
+NS = 56
 
-CHEAP_N = 64
-"""Cheapest residents kept in order: the scheduler pairs at most max_jobs (64) candidates with them."""
+COSTS_N = 64
+"""Lowest resident keep values kept for the scheduler (it pairs at most max_jobs candidates with them)."""
 
 # -- float scalars (G) ----------------------------------------------------------------------------
 NOW, FREE_AT, PACE, STALL = 0, 1, 2, 3
