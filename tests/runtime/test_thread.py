@@ -258,7 +258,7 @@ def test_a_decode_forward_failing_midway_is_reported_at_once():
     model = fresh("olmoe")
     rt = offload(model, 0.5, "on-demand-lru", train=ref.train, control="thread")
     out = model(torch.tensor([PROMPT]), use_cache=True)  # a prompt: inline
-    router = rt._blocks[1].gate
+    router = rt._layers[1].router
 
     def boom(module, args, output):
         raise ValueError("injected")

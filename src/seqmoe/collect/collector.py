@@ -25,7 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from seqmoe.collect.routers import RouterRecorder, moe_layers
+from seqmoe.arch import model_arch
+from seqmoe.collect.routers import RouterRecorder
 from seqmoe.errors import UserError
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
@@ -118,7 +119,8 @@ def collect_trace(
         raise UserError(f"unknown collection mode {mode!r}; choose from {', '.join(MODES)}")
     if mode == "decode" and new_tokens < 1:
         raise UserError(f"decode mode needs new_tokens >= 1, got {new_tokens}")
-    layers = moe_layers(model)
+    arch = model_arch(model)
+    layers = list(arch.moe)
     config = model.config
     limit = max_tokens
     if limit is None:
@@ -157,6 +159,7 @@ def collect_trace(
     lengths = [len(p[0]) for p in parts]
     extra = {
         "architecture": getattr(config, "model_type", "unknown"),
+        "family": arch.family.name,
         "router": type(layers[0].router).__name__,
         "moe_layers": [m.layer_index for m in layers],
         "num_decoder_layers": int(getattr(config, "num_hidden_layers", 0) or 0),

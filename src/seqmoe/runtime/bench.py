@@ -94,9 +94,9 @@ def expert_layer_seconds(model, layers, prompt: list[int], new_tokens: int) -> f
     """Median seconds of one MoE layer's routed-expert compute for one decode token (full model)."""
     times: list[float] = []
     start: list[float] = []
-    blocks = [model.get_submodule(m.name.rsplit(".", 1)[0]).experts for m in layers]
-    handles = [b.register_forward_pre_hook(lambda *a: start.append(time.perf_counter())) for b in blocks]
-    handles += [b.register_forward_hook(lambda *a: times.append(time.perf_counter() - start.pop())) for b in blocks]
+    experts = [m.experts for m in layers]
+    handles = [x.register_forward_pre_hook(lambda *a: start.append(time.perf_counter())) for x in experts]
+    handles += [x.register_forward_hook(lambda *a: times.append(time.perf_counter() - start.pop())) for x in experts]
     try:
         greedy_decode(model, prompt, new_tokens)
     finally:
@@ -152,7 +152,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
     """
-    from seqmoe.collect import collect_trace, moe_layers
+    from seqmoe.arch import moe_layers
+    from seqmoe.collect import collect_trace
 
     unknown = [s for s in systems if s not in live_systems(with_predictor=True)]
     if unknown:

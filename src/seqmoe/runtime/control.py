@@ -39,7 +39,7 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.collect.routers import unpack_router_output
+from seqmoe.arch import unpack_router_output
 from seqmoe.errors import UserError
 from seqmoe.manager import Driver, System
 from seqmoe.runtime.copier import CopyWorker

@@ -19,8 +19,8 @@ import os
 import numpy as np
 import torch
 
+from seqmoe.arch import ExpertLayout, ModelArch, model_arch
 from seqmoe.cache import LRUPolicy
-from seqmoe.collect.routers import MoeLayer, decoder_layers, moe_layers
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
 from seqmoe.manager import (SystemInputs, build_manager, build_system, capacity_for, check_dims, start_placement,
@@ -30,7 +30,7 @@ from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hard
 from seqmoe.runtime.control import Controller, install_hooks
 from seqmoe.runtime.copier import CopyWorker
 from seqmoe.runtime.control_thread import ControlThread
-from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
+from seqmoe.runtime.experts import OffloadedExperts
 from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
@@ -75,10 +75,10 @@ def _nbytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def measure_profile(model: torch.nn.Module, layers: list[MoeLayer], layout: ExpertLayout) -> ModelProfile:
+def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayout) -> ModelProfile:
     """The cost model's `ModelProfile` of a model whose routed experts are already stripped."""
-    _, decoder = decoder_layers(model)
-    per_layer = [_nbytes(decoder[m.layer_index].parameters()) for m in layers]
+    layers = arch.moe
+    per_layer = [_nbytes(arch.decoder[m.layer_index].parameters()) for m in layers]
     token = _nbytes(model.parameters()) - sum(per_layer)
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()
     if emb is not None and (out is None or out.weight is not emb.weight):
@@ -94,9 +94,9 @@ def measure_profile(model: torch.nn.Module, layers: list[MoeLayer], layout: Expe
 class OffloadRuntime:
     """Handle of one offloaded model: stats, the routing trace, restore. Built by `offload`."""
 
-    def __init__(self, model, blocks, originals, layouts, pool, worker, controller, hooks, *, system: str,
+    def __init__(self, model, layers, originals, layouts, pool, worker, controller, hooks, *, system: str,
                  residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile) -> None:
-        self.model, self._blocks, self._originals, self._layouts = model, blocks, originals, layouts
+        self.model, self._layers, self._originals, self._layouts = model, layers, originals, layouts
         self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
         self.system, self.residency, self.start = system, residency, start
         self.capacity = pool.capacity
@@ -138,7 +138,7 @@ class OffloadRuntime:
         return sum(e.gather_s for e in self._wrappers())
 
     def _wrappers(self) -> list[OffloadedExperts]:
-        return [b.experts for b in self._blocks if isinstance(b.experts, OffloadedExperts)]
+        return [m.experts for m in self._layers if isinstance(m.experts, OffloadedExperts)]
 
     def synchronize(self) -> None:
         """Wait until the control plane has seen every step and every queued expert copy has run."""
@@ -202,9 +202,9 @@ class OffloadRuntime:
         try:
             self.close()
         finally:
-            for block, orig, layout, host in zip(self._blocks, self._originals, self._layouts, self.pool.hosts):
+            for m, orig, layout, host in zip(self._layers, self._originals, self._layouts, self.pool.hosts):
                 layout.unpack(orig, host, self.pool.device)
-                block.experts = orig
+                setattr(m.block, m.experts_attr, orig)
             self._restored = True
 
 
@@ -232,8 +232,9 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             and can be captured as a CUDA graph (`DecodeGraph`); "inline" (default on the CPU): the
             state machine runs in the router hooks. Same decisions, same counts.
     """
-    layers = moe_layers(model)
-    L, E, K = len(layers), layers[0].num_experts, layers[0].top_k
+    arch = model_arch(model)
+    layers = arch.moe
+    L, E, K = len(layers), arch.num_experts, arch.top_k
     C = capacity_for(residency, L, E, K)
     _check_system(system, train, predictor)
     predictor = _load_predictor(predictor, L, E, K) if system_spec(system).needs_predictor else None
@@ -254,18 +255,16 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
         # bookkeeping is the cheapest); skip their per-layer work.
         sys_obj = dataclasses.replace(sys_obj, policy=LRUPolicy(), predictor=None, prefetcher=None)
-    blocks, originals = [], []
+    originals = []
     for m in layers:
-        block = model.get_submodule(m.name.rsplit(".", 1)[0])
-        experts = getattr(block, "experts", None)
+        experts = m.experts
         if isinstance(experts, OffloadedExperts):
             raise UserError("this model is already offloaded; call runtime.restore() first")
         if not isinstance(experts, torch.nn.Module):
-            raise UserError(f"MoE block {type(block).__name__} has no `experts` module; not supported by the runtime")
-        OffloadedExperts.check(experts)
-        blocks.append(block)
+            raise UserError(f"MoE block {type(m.block).__name__} has no `{m.experts_attr}` module; not supported by "
+                            "the runtime")
         originals.append(experts)
-    layouts = [ExpertLayout.of(x, E) for x in originals]
+    layouts = [arch.layout(x) for x in originals]
     if len(set(layouts)) > 1:
         raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
     layout = layouts[0]
@@ -286,12 +285,12 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         hosts.append(host)
     if model_device != device:
         model.to(device)  # the dense remainder only: the routed experts are already out
-    mp = measure_profile(model, layers, layout)
+    mp = measure_profile(model, arch, layout)
     pool = ExpertPool(hosts, C, device)
     for uid in start:
         pool.load_now(uid)
     meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({system}, residency {residency})",
-                     extra={"architecture": getattr(model.config, "model_type", "unknown"),
+                     extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
                             "system": system, "capacity": C})
     controller = Controller(sys_obj, L, E, K, meta)
@@ -302,8 +301,8 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         controller.mailbox = Mailbox(L, K, device)
         controller.thread = ControlThread(controller, controller.mailbox, controller.lock)
         pool.fence = lambda: controller.mailbox.progress
-    for l, (block, orig) in enumerate(zip(blocks, originals)):
-        block.experts = OffloadedExperts(orig, l, layout, pool, controller)
+    for l, (m, orig) in enumerate(zip(layers, originals)):
+        setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller))
     hooks = install_hooks(controller, model, [m.router for m in layers])
-    return OffloadRuntime(model, blocks, originals, layouts, pool, worker, controller, hooks, system=system,
+    return OffloadRuntime(model, layers, originals, layouts, pool, worker, controller, hooks, system=system,
                           residency=residency, start=start, model_profile=mp, hardware=hw)
