@@ -152,8 +152,12 @@ def _known_moe(decoder: torch.nn.ModuleList, prefix: str, family: Family) -> lis
             raise UserError(f"{type(block).__name__} in decoder layer {i} has a router but no `{family.experts}` "
                             f"module; this transformers version lays {family.name} out differently ({_HOW_TO_ADD})")
         block_name = f"{prefix}.{i}.{family.block}"
-        E = _int_attr(router, (family.num_experts,), "number of experts")
-        K = _int_attr(router, (family.top_k,), "top-k")
+        try:
+            E = _int_attr(router, (family.num_experts,), "number of experts")
+            K = _int_attr(router, (family.top_k,), "top-k")
+        except UserError as e:  # e.g. DeepSeek's gate was a plain Linear before transformers 5.13
+            raise UserError(f"{e}; the installed transformers lays {family.name} out differently from seqmoe's entry: "
+                            "upgrade transformers (seqmoe's `hf` extra says which)") from None
         found.append(MoeLayer(i, f"{block_name}.{family.router}", router, E, K, block, block_name, family.experts))
     return found
 

@@ -17,7 +17,6 @@ tokens before each position.
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from seqmoe.arch import model_arch
+from seqmoe.arch import cache_kwarg, model_arch, output_cache
 from seqmoe.collect.routers import RouterRecorder
 from seqmoe.errors import UserError
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
@@ -205,9 +204,6 @@ def _generate(model, input_ids, new_tokens: int) -> list[int]:
         use_cache=True,
     )
     seq = out.sequences
-    # generate never feeds its last token back; one cached forward routes it. (transformers
-    # renamed `past_key_values` to `cache` during v5; accept both.)
-    cache = out["cache"] if "cache" in out else out["past_key_values"]
-    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    model(input_ids=seq[:, -1:], use_cache=True, logits_to_keep=1, **{key: cache})
+    # generate never feeds its last token back; one cached forward routes it.
+    model(input_ids=seq[:, -1:], use_cache=True, logits_to_keep=1, **{cache_kwarg(model): output_cache(out)})
     return seq[0].tolist()

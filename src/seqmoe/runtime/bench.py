@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from seqmoe.arch import cache_kwarg
 from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
@@ -61,15 +62,16 @@ def greedy_decode(model, ids: list[int], new_tokens: int, runtime=None) -> tuple
     batch-1 greedy decode."""
     from transformers import DynamicCache
 
+    key = cache_kwarg(model)
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        out = model(torch.tensor([ids]), cache=cache, use_cache=True)
+        out = model(torch.tensor([ids]), use_cache=True, **{key: cache})
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [int(nxt)]
         host0 = (runtime.host_s, runtime.gather_s) if runtime is not None else (0.0, 0.0)
         t0 = time.perf_counter()
         for _ in range(new_tokens - 1):
-            out = model(nxt, cache=cache, use_cache=True)
+            out = model(nxt, use_cache=True, **{key: cache})
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             tokens.append(int(nxt))
         wall = time.perf_counter() - t0
