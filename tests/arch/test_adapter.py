@@ -68,11 +68,13 @@ def test_the_expert_layout_round_trips(arch):
     layout.pack(experts, host)
     for name, view in layout.views(host[[5, 2]]).items():  # any rows: the experts' own slices
         assert torch.equal(view, before[name][[5, 2]])
-    layout.strip(experts)
-    assert not list(experts.parameters(recurse=False))
-    layout.unpack(experts, host, torch.device("cpu"))
+    params = dict(experts.named_parameters(recurse=False))
+    kept = layout.strip(experts)
+    assert not list(experts.parameters(recurse=False)) and all(p.numel() == 0 for p in kept.values())
+    layout.unpack(experts, host, torch.device("cpu"), kept)
     after = dict(experts.named_parameters(recurse=False))
     assert set(after) == set(before) and all(torch.equal(after[n], before[n]) for n in before)
+    assert all(after[n] is params[n] for n in params)  # the same Parameter objects, refilled
 
 
 def test_seqmoe_tiny_is_an_olmoe():
@@ -111,3 +113,28 @@ def test_collect_and_runtime_hold_no_architecture_knowledge():
     hits = [f"{p.relative_to(SRC)}:{i}" for d in ("collect", "runtime") for p in sorted((SRC / d).glob("*.py"))
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+def test_the_cache_argument_follows_the_installed_transformers():
+    import inspect
+    import warnings
+
+    from seqmoe.arch import cache_kwarg
+    from seqmoe.runtime import DecodeGraph, offload
+    from tests.runtime.conftest import PROMPT
+
+    class Old(torch.nn.Module):  # transformers before the rename (5.13 - 5.21)
+        def forward(self, input_ids=None, past_key_values=None, use_cache=None):
+            return input_ids
+
+    model = tiny_model("olmoe")
+    assert cache_kwarg(Old()) == "past_key_values"
+    assert cache_kwarg(model) == ("cache" if "cache" in inspect.signature(model.forward).parameters
+                                  else "past_key_values")
+    rt = offload(model, 0.5, control="thread")
+    assert cache_kwarg(model) == cache_kwarg(tiny_model("olmoe"))  # through the runtime's forward guard
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        DecodeGraph(rt, 32).generate(torch.tensor([PROMPT]), 4)
+    assert not [w for w in seen if "past_key_values" in str(w.message)]
+    rt.restore()

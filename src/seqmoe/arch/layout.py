@@ -3,7 +3,7 @@
     layout = ExpertLayout.of(experts, ("gate_up_proj", "down_proj"))   # names from `ModelArch.layout`
     layout.pack(experts, host)       # host [E, P]: one contiguous row per expert
     layout.views(host[[3, 5]])       # {"gate_up_proj": [2, 2I, H], "down_proj": [2, H, I]} views
-    layout.strip(experts); layout.unpack(experts, host, device)
+    kept = layout.strip(experts); layout.unpack(experts, host, device, kept)
 
 Each parameter's slice keeps its own layout (GPT-OSS's transposed, interleaved gate_up_proj too),
 so the original experts forward reads the views exactly as it read its parameters.
@@ -65,12 +65,25 @@ class ExpertLayout:
         return {name: rows[:, off:off + math.prod(shape)].view(n, *shape)
                 for name, shape, off in zip(self.names, self.shapes, self.offsets)}
 
-    def strip(self, experts: torch.nn.Module) -> None:
-        """Delete the routed parameters from `experts` (the packed rows become their only copy)."""
+    def strip(self, experts: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+        """Take the routed parameters out of `experts` (the packed rows become their only copy); the
+        Parameter objects, emptied, for `unpack` to refill (so they keep identity and requires_grad)."""
+        kept = {}
         for name in self.names:
-            del experts._parameters[name]
+            param = experts._parameters.pop(name)
+            param.data = param.data.new_empty(0)
+            kept[name] = param
+        return kept
 
-    def unpack(self, experts: torch.nn.Module, host: torch.Tensor, device) -> None:
-        """Give `experts` its parameters back from the packed `host` [E, P], on `device`."""
-        for name, param in self.views(host).items():
-            experts.register_parameter(name, torch.nn.Parameter(param.to(device, copy=True).contiguous(), requires_grad=False))
+    def unpack(self, experts: torch.nn.Module, host: torch.Tensor, device,
+               params: dict[str, torch.nn.Parameter] | None = None) -> None:
+        """Give `experts` its parameters back from the packed `host` [E, P], on `device`: the
+        `strip`ped `params` refilled, or new ones without gradients."""
+        for name, view in self.views(host).items():
+            data = view.to(device, copy=True).contiguous()
+            param = (params or {}).get(name)
+            if param is None:
+                param = torch.nn.Parameter(data, requires_grad=False)
+            else:
+                param.data = data
+            experts.register_parameter(name, param)

@@ -108,6 +108,7 @@ class OffloadedExperts(torch.nn.Module):
             self._posted_forward = ALL_EXPERTS_FUNCTIONS["batched_mm"]
         self.by_slot = self.slot_ok and (pool.device.type != "cpu" or layout.expert_bytes >= CPU_IN_PLACE_BYTES)
         self._slot_params = layout.views(pool.pool) if self.slot_ok else None
+        self._host_only_posting = pool.device.type == "cuda"
         self._table = pool.table[layer]
         self._table_np = pool.table_host[layer] if pool.device.type == "cpu" else None  # same memory
         self._windows: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
@@ -207,7 +208,9 @@ class OffloadedExperts(torch.nn.Module):
                 raise UserError(f"expert index {int(hit[-1])} >= {self.num_experts}: expert parallelism is not supported")
             ids = hit.tolist()
             tg = time.perf_counter()
-            rows = self.pool.rows(self.layer, ids)
+            # A posting step on CUDA reads no slot the host chose: the slot fence covers device-side
+            # table reads only (see `pool`); the host rows are always exact.
+            rows = self.pool.rows(self.layer, ids, host_only=self._control.posting and self._host_only_posting)
             self._c.gather_s += time.perf_counter() - tg
             params, n = self.layout.views(rows), len(ids)
             new_index = torch.searchsorted(hit, index).to(index.dtype)
