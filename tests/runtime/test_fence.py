@@ -166,6 +166,10 @@ def test_long_prompts_large_experts_and_a_second_request_on_cuda(engine):
         assert torch.equal(got, w)
     s = rt.stats()
     assert s["copies"] > 0 and s["host_reads"] > 0 and rt.pool.fence.acked() > 0
+    rt.synchronize()  # every queued copy ran: each fence wait ended although no step acknowledges any more
+    c0 = time.process_time()
+    time.sleep(0.3)
+    assert time.process_time() - c0 < 0.1  # and nothing spins
     rt.restore()
 
 

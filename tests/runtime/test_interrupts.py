@@ -88,6 +88,23 @@ def test_an_interrupted_generate_leaves_the_runtime_usable(control, where):
     assert torch.equal(greedy(model), ref.tokens)
 
 
+def test_an_interrupted_decode_graph_generate_leaves_the_runtime_usable():
+    from seqmoe.runtime import DecodeGraph
+
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, control="thread")
+    dg = DecodeGraph(rt, 64)
+    undo = _interrupt_at("router", rt, model, n=5)  # the 4th decode step, after its layer 1 posted
+    with pytest.raises(KeyboardInterrupt):
+        dg.generate(torch.tensor([PROMPT]), 20)
+    undo()
+    t0 = time.perf_counter()
+    assert torch.equal(dg.generate(torch.tensor([PROMPT]), 8), ref.tokens)
+    assert time.perf_counter() - t0 < 5 and rt.stats()["abandoned_tokens"] == 1
+    rt.restore()
+
+
 @pytest.mark.parametrize("control", ["inline", "thread"])
 def test_a_real_sigint_during_generate(control):
     """SIGINT from outside at random moments; each time the next generate returns at once, exact."""
@@ -183,4 +200,35 @@ def test_stats_from_another_thread_while_generating():
     assert not errors and polls[0] > 0
     assert all(torch.equal(o, ref.tokens) for o in outs)
     assert rt.trace().num_tokens == 3 * (len(PROMPT) + 7)
+    rt.restore()
+
+
+def test_a_forward_from_a_second_thread_is_refused_without_disturbing_the_first():
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train)
+    inside, release, errors = threading.Event(), threading.Event(), []
+
+    def hold(*args):  # the main thread's forward pauses in its first MoE layer
+        if not inside.is_set():
+            inside.set()
+            release.wait(10)
+
+    h = rt._layers[0].router.register_forward_hook(hold)
+
+    def other():
+        inside.wait(10)
+        try:
+            model(torch.tensor([[1, 2, 3]]))
+        except RuntimeError as e:
+            errors.append(str(e))
+        release.set()
+
+    t = threading.Thread(target=other)
+    t.start()
+    out = greedy(model)
+    t.join()
+    h.remove()
+    assert errors and "another thread's forward runs" in errors[0]
+    assert torch.equal(out, ref.tokens) and rt.trace().num_tokens == len(PROMPT) + 7
     rt.restore()

@@ -230,9 +230,10 @@ class Controller:
         self.posting, self._token_input, self._posted = True, token_input, 0
 
     def end_open(self) -> None:
-        """Post-hook: close the open forward (DecodeGraph closes its own steps; an aborted one is closed)."""
+        """Post-hook: close this thread's open forward (DecodeGraph closes its own steps; an aborted
+        one is closed; another thread's, refused at its pre-hook, is not ours to close)."""
         o = self._open
-        if self.graph_step or o is None:
+        if self.graph_step or o is None or o.thread != threading.get_ident():
             return
         if o.posted:
             self.end_posted()
