@@ -52,7 +52,8 @@ def _interrupt_at(where: str, rt, model, n: int):
         driver, orig, fire = rt.controller.driver, rt.controller.driver.reveal, _Once(n)
 
         def reveal(*a, **k):
-            if rt.controller._forward is None:  # only the replay (after the forward) reveals without one
+            # The replay (after the forward) reveals without one; the control thread's decode steps too.
+            if rt.controller._forward is None and threading.current_thread() is threading.main_thread():
                 fire()
             return orig(*a, **k)
 
