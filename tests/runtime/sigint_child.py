@@ -12,6 +12,7 @@ tests/runtime/test_interrupts.py.
 from __future__ import annotations
 
 import copy
+import faulthandler
 import json
 import sys
 import time
@@ -35,6 +36,7 @@ def main(control: str, rounds: int) -> None:
     want = greedy(copy.deepcopy(model), PROMPT, 8)
     rt = offload(model, 0.3, "on-demand-lru", control=control)
     for i in range(rounds):
+        faulthandler.dump_traceback_later(40, exit=True)  # a round that hangs shows where, and ends the process
         print("go", flush=True)
         try:
             while True:
@@ -49,6 +51,7 @@ def main(control: str, rounds: int) -> None:
         idle_cpu = time.process_time() - c0
         print(json.dumps({"round": i, "seconds": seconds, "equal": bool(torch.equal(got, want)),
                           "idle_cpu_s": idle_cpu, "abandoned": rt.stats()["abandoned_tokens"]}), flush=True)
+    faulthandler.cancel_dump_traceback_later()
     rt.restore()
     print(json.dumps({"restored": bool(torch.equal(greedy(model, PROMPT, 8), want))}), flush=True)
 

@@ -18,6 +18,7 @@ import time
 import weakref
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -85,8 +86,42 @@ def test_an_interrupted_generate_leaves_the_runtime_usable(control, where):
     if control == "thread":
         thread = rt.controller.thread
         assert thread.done == thread.launched and thread._thread.is_alive()
+    _assert_pool_matches_the_state_machine(rt)
     rt.restore()
     assert torch.equal(greedy(model), ref.tokens)
+
+
+def _assert_pool_matches_the_state_machine(rt) -> None:
+    rt.synchronize()
+    assert rt.pool.resident() == set(np.flatnonzero(rt.controller.state.present_mask()).tolist())
+    assert len(rt.pool.slot_of) + len(rt.pool.free) == rt.capacity  # no slot lost
+
+
+@pytest.mark.parametrize("control", ["inline", "thread"])
+def test_a_sigint_inside_a_decision_waits_for_its_end(control):
+    """A real SIGINT in the middle of the memory manager's decision (inline routing, or a prompt's
+    replay) is raised once the decision is complete: slots and state machine still agree."""
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.2, "on-demand-lru", control=control)  # empty start pool: decisions load and evict
+    greedy(model)
+    ctrl, calls = rt.controller, [0]
+    on_load = ctrl.on_load
+
+    def on_load_with_sigint(*args):  # the manager took the slot; the pool has not heard of it yet
+        calls[0] += 1
+        if calls[0] == 3 and threading.current_thread() is threading.main_thread():
+            signal.raise_signal(signal.SIGINT)  # without the shield, KeyboardInterrupt comes right here
+        return on_load(*args)
+
+    ctrl.on_load = on_load_with_sigint
+    with pytest.raises(KeyboardInterrupt):
+        greedy(model, prompt=[1, *range(30, 50)], new_tokens=30)
+    del ctrl.on_load
+    assert calls[0] >= 3
+    assert torch.equal(greedy(model), ref.tokens)
+    _assert_pool_matches_the_state_machine(rt)
+    rt.restore()
 
 
 def test_an_interrupted_decode_graph_generate_leaves_the_runtime_usable():
@@ -114,6 +149,8 @@ def test_a_real_sigint_during_generate(control):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rng = random.Random(0)
     rows = []
+    watchdog = threading.Timer(120, proc.kill)  # a hang fails the test (the child also dumps its stacks)
+    watchdog.start()
     try:
         for line in proc.stdout:
             if line.strip() == "go":
@@ -123,6 +160,7 @@ def test_a_real_sigint_during_generate(control):
                 rows.append(json.loads(line))
         proc.wait(60)
     finally:
+        watchdog.cancel()
         proc.kill()
     assert proc.returncode == 0, proc.stderr.read()[-3000:]
     rounds, end = rows[:-1], rows[-1]

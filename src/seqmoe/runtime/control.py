@@ -36,7 +36,10 @@ step cut short is `cut` on the control thread, which reads the layers it posted 
 rest; the mailbox numbers the next post as the next step; the fence's ledger ends the forward. The
 positions already fed to the state machine stay counted (`abandoned_tokens` in `stats()`), but are
 not in `trace()`, so after an interrupt `simulate()` on the trace no longer reproduces the counts
-exactly; the runtime itself serves the next call at once, with the full model's outputs.
+exactly; the runtime itself serves the next call at once, with the full model's outputs. A SIGINT
+arriving inside one state-machine transition (a reveal, a layer end, one replayed position, the
+opening or closing of a forward) is raised when it ends (`signals.critical`), so slots and
+decisions never disagree.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import torch
 from seqmoe.manager import Driver, System
 from seqmoe.runtime.copier import CopyWorker
 from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.signals import critical
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 
@@ -146,21 +150,24 @@ class Controller:
         if layer != self._next_layer or ids.shape != self._shape:
             raise RuntimeError(f"MoE layer {layer} routed {ids.shape} out of order (expected layer "
                                f"{self._next_layer}, shape {self._shape}); batch-1 forwards only")
-        buf_ids[:, layer], buf_w[:, layer] = ids, weights
-        self._next_layer = layer + 1
-        if self._shape[0] == 1:
-            if layer == 0:
-                self._token_start(tokens[0])
-            self.driver.reveal(layer, buf_ids[0, layer])
+        with critical():
+            buf_ids[:, layer], buf_w[:, layer] = ids, weights
+            self._next_layer = layer + 1
+            if self._shape[0] == 1:
+                if layer == 0:
+                    self._token_start(tokens[0])
+                self.driver.reveal(layer, buf_ids[0, layer])
 
     def experts_done(self, layer: int) -> None:
         """Layer `layer`'s experts finished computing."""
         if self._forward is not None and len(self._forward[2]) == 1:
-            self._layer_end(layer)
+            with critical():
+                self._layer_end(layer)
 
     def end_forward(self) -> None:
         """The forward ended: replay a multi-position forward; record the positions. A forward that
-        stopped early (an exception) keeps nothing, and its partial token is dropped."""
+        stopped early (an exception) keeps nothing, and its partial token is dropped. A replay cut
+        short (Ctrl-C between positions) records the positions the state machine saw whole."""
         if self._forward is None:
             return
         ids, weights, tokens = self._forward
@@ -168,40 +175,47 @@ class Controller:
         if self._next_layer != self.L:
             self._drop_partial_token()
             return
-        if len(tokens) > 1:
-            for i, tok in enumerate(tokens):
-                self._token_start(tok, new_request=self._new_request and i == 0)
-                for l in range(self.L):
-                    self.driver.reveal(l, ids[i, l])
-                    self._layer_end(l)
-        self._ids.append(ids)
-        self._weights.append(weights)
-        self._tokens += tokens
+        done = len(tokens) if len(tokens) == 1 else 0  # one position was driven as it routed
+        try:
+            while done < len(tokens):
+                with critical():  # one position at a time: a long prompt's replay stays interruptible
+                    self._token_start(tokens[done], new_request=self._new_request and done == 0)
+                    for l in range(self.L):
+                        self.driver.reveal(l, ids[done, l])
+                        self._layer_end(l)
+                    done += 1
+        finally:
+            if done:
+                self._ids.append(ids[:done])
+                self._weights.append(weights[:done])
+                self._tokens += tokens[:done]
 
     # -- the lifetime of a forward (model thread) ----------------------------------------------------
     def open_forward(self, posted: bool) -> None:
         """A forward starts on this thread. A previous one of this thread that never ended (it was
         interrupted outside the guard) is aborted first; one of another thread is an error."""
         me, prev = threading.get_ident(), self._open
-        if prev is not None:
-            if prev.thread != me:
-                raise RuntimeError("a forward started while another thread's forward runs; the runtime serves one "
-                                   "forward at a time (batch 1)")
+        if prev is not None and prev.thread != me:
+            raise RuntimeError("a forward started while another thread's forward runs; the runtime serves one "
+                               "forward at a time (batch 1)")
+        with critical():
             self.abort()
-        launched = self.thread.launched if self.thread is not None else 0
-        self._open = _Open(me, posted, launched)
-        if self.fence is not None:
-            self._open.seq = self.fence.begin()
+            launched = self.thread.launched if self.thread is not None else 0
+            self._open = _Open(me, posted, launched)
+            if self.fence is not None:
+                self._open.seq = self.fence.begin()
 
     def begin_inline(self, tokens: list[int | None], new_request: bool) -> None:
         """A forward whose routing this thread feeds to the state machine itself (inline mode, prompts)."""
-        self.open_forward(posted=False)
-        with self.lock:
-            self.begin_forward(tokens, new_request)
+        with critical():
+            self.open_forward(posted=False)
+            with self.lock:
+                self.begin_forward(tokens, new_request)
 
     def end_inline(self) -> None:
         """The post-hook of an inline forward: its device work is queued, then its positions replay."""
-        self._end_ledger()
+        with critical():
+            self._end_ledger()
         with self.lock:
             self.end_forward()
         self._open = None
@@ -210,20 +224,22 @@ class Controller:
         """A decode step that posts its routing starts (model thread): launch it on the control
         thread; `token_input`: its input id [1], or None (DecodeGraph sets it in the captured step)."""
         self.open_forward(posted=True)
-        self.thread.launch()
-        self.posting, self._token_input, self._posted = True, token_input, 0
+        self.thread.launch()  # may wait for the control thread: not critical (see `_cut`)
+        with critical():
+            self.posting, self._token_input, self._posted = True, token_input, 0
 
     def end_posted(self, posted: int | None = None) -> None:
         """The posting forward returned or raised (model thread); `posted`: layers it posted when
         the hooks did not count them (a replayed graph posts all L). A step that posted fewer
         than L layers is cut short."""
-        if posted is not None:
-            self._posted = posted
-        if self._open is not None and self._posted != self.L:
-            self._cut(self._open)
-        self.posting, self._token_input = False, None
-        self._end_ledger()
-        self._open = None
+        with critical():
+            if posted is not None:
+                self._posted = posted
+            if self._open is not None and self._posted != self.L:
+                self._cut(self._open)
+            self.posting, self._token_input = False, None
+            self._end_ledger()
+            self._open = None
 
     def graph_pre(self, token_input: torch.Tensor | None) -> None:
         """Pre-hook of a step DecodeGraph opened itself (or warms up, captures): post, reading nothing."""
@@ -246,15 +262,16 @@ class Controller:
         o = self._open
         if o is None or o.thread != threading.get_ident():
             return
-        if o.posted:
-            self._cut(o)
-        else:
-            with self.lock:
-                self._forward = None
-                self._drop_partial_token()
-        self.posting, self._token_input = False, None
-        self._end_ledger()
-        self._open = None
+        with critical():
+            if o.posted:
+                self._cut(o)
+            else:
+                with self.lock:
+                    self._forward = None
+                    self._drop_partial_token()
+            self.posting, self._token_input = False, None
+            self._end_ledger()
+            self._open = None
 
     def _end_ledger(self) -> None:
         o = self._open

@@ -20,7 +20,7 @@ from seqmoe.errors import UserError
 from seqmoe.manager import summarize
 from seqmoe.profiles import HardwareProfile, ModelProfile
 from seqmoe.runtime.experts import OffloadedExperts
-from seqmoe.runtime.signals import deferred_interrupts
+from seqmoe.runtime.signals import deferred_interrupts, shield_off
 from seqmoe.trace.schema import RoutingTrace
 
 def _shutdown(thread, worker) -> None:
@@ -140,6 +140,8 @@ class OffloadRuntime:
         for h in self._hooks:
             h.remove()
         self._finalizer()  # runs `_shutdown` once
+        if not self.closed:
+            shield_off()
         self.closed = True
 
     def restore(self) -> None:

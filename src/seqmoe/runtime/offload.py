@@ -42,6 +42,7 @@ from seqmoe.runtime.handle import OffloadRuntime
 from seqmoe.runtime.hooks import install_hooks
 from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.signals import shield_off, shield_on
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 __all__ = ["offload", "OffloadRuntime", "measure_profile"]
@@ -221,6 +222,8 @@ def _assemble(model, plan: _Plan, emulate_link: bool) -> OffloadRuntime:
             undo.push(lambda m=m, orig=orig: setattr(m.block, m.experts_attr, orig))
         hooks = install_hooks(controller, model, [m.router for m in layers])
         undo.push(lambda: [h.remove() for h in hooks])
+        shield_on()  # Ctrl-C now waits for the end of a state-machine transition (`signals`)
+        undo.push(shield_off)
         return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
                               system=plan.system_name, residency=plan.residency, start=plan.start, model_profile=mp,
                               hardware=hw)
