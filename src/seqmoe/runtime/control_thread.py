@@ -57,8 +57,8 @@ class ControlThread:
             ok = self._cv.wait_for(lambda: self.done >= self.launched or self._error or self._stop, timeout)
             self._check()
             if not ok:
-                raise RuntimeError(f"the control plane waited {timeout} s for decode step {self.done}'s routing; a "
-                                   "forward probably failed midway: offload the model again")
+                raise RuntimeError(f"the control plane waited {timeout} s for decode step {self.done}'s routing, "
+                                   "which the device never posted; restore() and offload the model again")
 
     def fail(self, error: BaseException) -> None:
         """Stop consuming: `error` is raised at the next `launch` or `catch_up` (model thread)."""
