@@ -125,8 +125,7 @@ def sync_check(args, train, ids) -> dict:
             dg.generate(ids, 2)
             rt.synchronize()  # the copy worker idle, and held so (its own stream syncs are not the step's)
             with rt.worker._cv:
-                rt.controller.thread.launch()
-                rt.pool.set_idle(False)
+                rt.controller.begin_posted(None)  # what DecodeGraph does around each replay
                 rt.controller.graph_step = True
                 torch.cuda.set_sync_debug_mode("error")
                 try:

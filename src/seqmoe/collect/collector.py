@@ -17,7 +17,6 @@ tokens before each position.
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 from collections.abc import Sequence
@@ -25,7 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from seqmoe.collect.routers import RouterRecorder, moe_layers
+from seqmoe.arch import cache_kwarg, model_arch, output_cache
+from seqmoe.collect.routers import RouterRecorder
 from seqmoe.errors import UserError
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
@@ -118,7 +118,8 @@ def collect_trace(
         raise UserError(f"unknown collection mode {mode!r}; choose from {', '.join(MODES)}")
     if mode == "decode" and new_tokens < 1:
         raise UserError(f"decode mode needs new_tokens >= 1, got {new_tokens}")
-    layers = moe_layers(model)
+    arch = model_arch(model)
+    layers = list(arch.moe)
     config = model.config
     limit = max_tokens
     if limit is None:
@@ -157,6 +158,7 @@ def collect_trace(
     lengths = [len(p[0]) for p in parts]
     extra = {
         "architecture": getattr(config, "model_type", "unknown"),
+        "family": arch.family.name,
         "router": type(layers[0].router).__name__,
         "moe_layers": [m.layer_index for m in layers],
         "num_decoder_layers": int(getattr(config, "num_hidden_layers", 0) or 0),
@@ -202,9 +204,6 @@ def _generate(model, input_ids, new_tokens: int) -> list[int]:
         use_cache=True,
     )
     seq = out.sequences
-    # generate never feeds its last token back; one cached forward routes it. (transformers
-    # renamed `past_key_values` to `cache` during v5; accept both.)
-    cache = out["cache"] if "cache" in out else out["past_key_values"]
-    key = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    model(input_ids=seq[:, -1:], use_cache=True, logits_to_keep=1, **{key: cache})
+    # generate never feeds its last token back; one cached forward routes it.
+    model(input_ids=seq[:, -1:], use_cache=True, logits_to_keep=1, **{cache_kwarg(model): output_cache(out)})
     return seq[0].tolist()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from seqmoe.collect.routers import MoeLayer, moe_layers
+from seqmoe.arch import MoeLayer, moe_layers
 from seqmoe.errors import UserError
 
 __all__ = ["load_model", "moe_layers", "MoeLayer", "resolve_model_dir"]
@@ -77,7 +77,7 @@ def load_model(
         msg = " ".join(str(e).split())[:300]
         raise UserError(f"cannot load a causal LM from {path}: {msg}") from None
     model.to(device).eval()
-    moe_layers(model)  # fail early, with a clear message, on a dense model
+    moe_layers(model)  # fail early, with a clear message, on a dense or unsupported model
     tok = None
     # transformers v5 builds an empty tokenizer for a folder without tokenizer files; look for them first.
     if tokenizer and any((path / name).is_file() for name in _TOKENIZER_FILES):

@@ -29,6 +29,7 @@ import time
 
 import torch
 
+from seqmoe.arch import cache_kwarg
 from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
@@ -61,15 +62,16 @@ def greedy_decode(model, ids: list[int], new_tokens: int, runtime=None) -> tuple
     batch-1 greedy decode."""
     from transformers import DynamicCache
 
+    key = cache_kwarg(model)
     with torch.no_grad():
         cache = DynamicCache(config=model.config)
-        out = model(torch.tensor([ids]), cache=cache, use_cache=True)
+        out = model(torch.tensor([ids]), use_cache=True, **{key: cache})
         nxt = out.logits[:, -1].argmax(-1, keepdim=True)
         tokens = [int(nxt)]
         host0 = (runtime.host_s, runtime.gather_s) if runtime is not None else (0.0, 0.0)
         t0 = time.perf_counter()
         for _ in range(new_tokens - 1):
-            out = model(nxt, cache=cache, use_cache=True)
+            out = model(nxt, use_cache=True, **{key: cache})
             nxt = out.logits[:, -1].argmax(-1, keepdim=True)
             tokens.append(int(nxt))
         wall = time.perf_counter() - t0
@@ -94,9 +96,9 @@ def expert_layer_seconds(model, layers, prompt: list[int], new_tokens: int) -> f
     """Median seconds of one MoE layer's routed-expert compute for one decode token (full model)."""
     times: list[float] = []
     start: list[float] = []
-    blocks = [model.get_submodule(m.name.rsplit(".", 1)[0]).experts for m in layers]
-    handles = [b.register_forward_pre_hook(lambda *a: start.append(time.perf_counter())) for b in blocks]
-    handles += [b.register_forward_hook(lambda *a: times.append(time.perf_counter() - start.pop())) for b in blocks]
+    experts = [m.experts for m in layers]
+    handles = [x.register_forward_pre_hook(lambda *a: start.append(time.perf_counter())) for x in experts]
+    handles += [x.register_forward_hook(lambda *a: times.append(time.perf_counter() - start.pop())) for x in experts]
     try:
         greedy_decode(model, prompt, new_tokens)
     finally:
@@ -152,7 +154,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
     """
-    from seqmoe.collect import collect_trace, moe_layers
+    from seqmoe.arch import moe_layers
+    from seqmoe.collect import collect_trace
 
     unknown = [s for s in systems if s not in live_systems(with_predictor=True)]
     if unknown:

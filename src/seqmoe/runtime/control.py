@@ -15,8 +15,8 @@ Timing of the calls against the real forward:
   layer has routed: the calls run after the forward, and the forward itself computes each expert
   from wherever it is (pool slot or host block; both exact).
 
-`install_hooks` connects a model to a `Controller` (forward pre/post hooks, one hook per router).
-The seq2seq forecaster of the `seqmoe` systems is driven like any predictor: `begin_request` at a
+`hooks.install_hooks` connects a model to a `Controller` (forward pre/post hooks, one hook per
+router, and a guard around the model's forward). The seq2seq forecaster of the `seqmoe` systems is driven like any predictor: `begin_request` at a
 request's first position, `begin_token` with the position's input id (a Python int, hashed without
 a vocabulary, as `simulate()` hashes the recorded trace's ids), `observe` at each reveal.
 
@@ -26,25 +26,49 @@ control thread feeds it to the same calls (`decode_layer`); prompt forwards stay
 thread has caught up.
 
 A forward whose model cache is empty starts a new request (as `generate` does for its prompt);
-without a cache (`use_cache=False`) every forward is a request of its own. If a forward fails
-midway (e.g. the system finds no slot), the positions already fed to the state machine stay
-counted but are not recorded in `trace()`: offload again after such an error.
+without a cache (`use_cache=False`) every forward is a request of its own.
+
+Each forward is *open* from its pre-hook to the end of its post-hook. One that raises or is
+interrupted (Ctrl-C raises KeyboardInterrupt anywhere, and torch runs always-call hooks only for
+Exception) is closed by `abort`: from the forward guard as the error leaves the forward, else at
+the model thread's next forward, `stats()` or `close()`. Its partial token is dropped: a decode
+step cut short is `cut` on the control thread, which reads the layers it posted and drops the
+rest; the mailbox numbers the next post as the next step; the fence's ledger ends the forward. The
+positions already fed to the state machine stay counted (`abandoned_tokens` in `stats()`), but are
+not in `trace()`, so after an interrupt `simulate()` on the trace no longer reproduces the counts
+exactly; the runtime itself serves the next call at once, with the full model's outputs. A SIGINT
+arriving inside one state-machine transition (a reveal, a layer end, one replayed position, the
+opening or closing of a forward) is raised when it ends (`signals.critical`), so slots and
+decisions never disagree.
 """
 
 from __future__ import annotations
 
 import threading
-import time
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from seqmoe.collect.routers import unpack_router_output
-from seqmoe.errors import UserError
 from seqmoe.manager import Driver, System
 from seqmoe.runtime.copier import CopyWorker
 from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.signals import critical
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
+
+
+@dataclass
+class _Open:
+    """The forward running between its pre-hook and the end of its post-hook."""
+
+    thread: int
+    """`threading.get_ident()` of the thread that runs it."""
+    posted: bool
+    """A decode step posting its routing (thread mode)."""
+    launched_before: int
+    """Decode steps launched before it (its own step number, once it launched one)."""
+    seq: int | None = None
+    """Its number in the fence's ledger (thread mode)."""
 
 
 class Controller:
@@ -81,6 +105,10 @@ class Controller:
         self._token_input: torch.Tensor | None = None
         self._posted = 0  # layers the running posting forward has posted
         self._step: tuple[np.ndarray, np.ndarray, int | None] | None = None  # the decode step being read
+        self.fence = None  # thread mode: the pool's `ReadFence` (its ledger of forwards)
+        self._open: _Open | None = None
+        self._mid_token = False  # the driver got a token_start and not yet its last layer_end
+        self.abandoned = 0  # tokens the state machine saw in part (a forward cut short)
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = manager, pool, worker
@@ -106,8 +134,6 @@ class Controller:
     # -- routing events (model hooks) ------------------------------------------------------------------
     def begin_forward(self, tokens: list[int | None], new_request: bool) -> None:
         """A forward over `len(tokens)` positions starts; `new_request`: its cache was empty."""
-        if self._forward is not None:
-            raise RuntimeError("a forward started before the previous one ended (nested or concurrent forwards)")
         if new_request and self._offsets[-1] < len(self._tokens):
             self._offsets.append(len(self._tokens))
         n = len(tokens)
@@ -124,55 +150,155 @@ class Controller:
         if layer != self._next_layer or ids.shape != self._shape:
             raise RuntimeError(f"MoE layer {layer} routed {ids.shape} out of order (expected layer "
                                f"{self._next_layer}, shape {self._shape}); batch-1 forwards only")
-        buf_ids[:, layer], buf_w[:, layer] = ids, weights
-        self._next_layer = layer + 1
-        if self._shape[0] == 1:
-            if layer == 0:
-                self._token_start(tokens[0])
-            self.driver.reveal(layer, buf_ids[0, layer])
+        with critical():
+            buf_ids[:, layer], buf_w[:, layer] = ids, weights
+            self._next_layer = layer + 1
+            if self._shape[0] == 1:
+                if layer == 0:
+                    self._token_start(tokens[0])
+                self.driver.reveal(layer, buf_ids[0, layer])
 
     def experts_done(self, layer: int) -> None:
         """Layer `layer`'s experts finished computing."""
         if self._forward is not None and len(self._forward[2]) == 1:
-            self.driver.layer_end(layer)
+            with critical():
+                self._layer_end(layer)
 
     def end_forward(self) -> None:
-        """The forward ended: replay a multi-position forward; record the positions."""
+        """The forward ended: replay a multi-position forward; record the positions. A forward that
+        stopped early (an exception) keeps nothing, and its partial token is dropped. A replay cut
+        short (Ctrl-C between positions) records the positions the state machine saw whole."""
         if self._forward is None:
             return
         ids, weights, tokens = self._forward
         self._forward = None
-        if self._next_layer != self.L:  # the forward stopped early (an exception): keep nothing of it
+        if self._next_layer != self.L:
+            self._drop_partial_token()
             return
-        if len(tokens) > 1:
-            for i, tok in enumerate(tokens):
-                self._token_start(tok, new_request=self._new_request and i == 0)
-                for l in range(self.L):
-                    self.driver.reveal(l, ids[i, l])
-                    self.driver.layer_end(l)
-        self._ids.append(ids)
-        self._weights.append(weights)
-        self._tokens += tokens
+        done = len(tokens) if len(tokens) == 1 else 0  # one position was driven as it routed
+        try:
+            while done < len(tokens):
+                with critical():  # one position at a time: a long prompt's replay stays interruptible
+                    self._token_start(tokens[done], new_request=self._new_request and done == 0)
+                    for l in range(self.L):
+                        self.driver.reveal(l, ids[done, l])
+                        self._layer_end(l)
+                    done += 1
+        finally:
+            if done:
+                self._ids.append(ids[:done])
+                self._weights.append(weights[:done])
+                self._tokens += tokens[:done]
 
-    # -- decode steps read from the mailbox (control thread) --------------------------------------------
+    # -- the lifetime of a forward (model thread) ----------------------------------------------------
+    def open_forward(self, posted: bool) -> None:
+        """A forward starts on this thread. A previous one of this thread that never ended (it was
+        interrupted outside the guard) is aborted first; one of another thread is an error."""
+        me, prev = threading.get_ident(), self._open
+        if prev is not None and prev.thread != me:
+            raise RuntimeError("a forward started while another thread's forward runs; the runtime serves one "
+                               "forward at a time (batch 1)")
+        with critical():
+            self.abort()
+            launched = self.thread.launched if self.thread is not None else 0
+            self._open = _Open(me, posted, launched)
+            if self.fence is not None:
+                self._open.seq = self.fence.begin()
+
+    def begin_inline(self, tokens: list[int | None], new_request: bool) -> None:
+        """A forward whose routing this thread feeds to the state machine itself (inline mode, prompts)."""
+        with critical():
+            self.open_forward(posted=False)
+            with self.lock:
+                self.begin_forward(tokens, new_request)
+
+    def end_inline(self) -> None:
+        """The post-hook of an inline forward: its device work is queued, then its positions replay."""
+        with critical():
+            self._end_ledger()
+        with self.lock:
+            self.end_forward()
+        self._open = None
+
     def begin_posted(self, token_input: torch.Tensor | None) -> None:
-        """A decode forward that posts its routing starts (model thread); `token_input`: its input id [1]."""
-        if not self.graph_step:
-            self.thread.launch()
-        self.pool.set_idle(False)
+        """A decode step that posts its routing starts (model thread): launch it on the control
+        thread; `token_input`: its input id [1], or None (DecodeGraph sets it in the captured step)."""
+        self.open_forward(posted=True)
+        self.thread.launch()  # may wait for the control thread: not critical (see `_cut`)
+        with critical():
+            self.posting, self._token_input, self._posted = True, token_input, 0
+
+    def end_posted(self, posted: int | None = None) -> None:
+        """The posting forward returned or raised (model thread); `posted`: layers it posted when
+        the hooks did not count them (a replayed graph posts all L). A step that posted fewer
+        than L layers is cut short."""
+        with critical():
+            if posted is not None:
+                self._posted = posted
+            if self._open is not None and self._posted != self.L:
+                self._cut(self._open)
+            self.posting, self._token_input = False, None
+            self._end_ledger()
+            self._open = None
+
+    def graph_pre(self, token_input: torch.Tensor | None) -> None:
+        """Pre-hook of a step DecodeGraph opened itself (or warms up, captures): post, reading nothing."""
         self.posting, self._token_input, self._posted = True, token_input, 0
 
-    def end_posted(self) -> None:
-        """The posting forward returned or raised (model thread); on the CPU its reads are then all
-        done. A forward that posted fewer than L layers (it raised midway) leaves the control thread
-        waiting for routing that never comes: it is failed, so the next call says so at once."""
-        if self.posting and self._posted != self.L:
-            self.thread.fail(RuntimeError(f"a decode forward stopped after {self._posted} of {self.L} MoE layers; "
-                                          "the runtime lost that step: restore() and offload the model again"))
-        self.posting, self._token_input = False, None
-        if self.pool.device.type == "cpu":
-            self.pool.set_idle(True)
+    def end_open(self) -> None:
+        """Post-hook: close this thread's open forward (DecodeGraph closes its own steps; an aborted
+        one is closed; another thread's, refused at its pre-hook, is not ours to close)."""
+        o = self._open
+        if self.graph_step or o is None or o.thread != threading.get_ident():
+            return
+        if o.posted:
+            self.end_posted()
+        else:
+            self.end_inline()
 
+    def abort(self) -> None:
+        """Close the open forward of this thread as cut short (idempotent): after an exception or
+        KeyboardInterrupt anywhere in it or in its hooks. The runtime is then ready for the next one."""
+        o = self._open
+        if o is None or o.thread != threading.get_ident():
+            return
+        with critical():
+            if o.posted:
+                self._cut(o)
+            else:
+                with self.lock:
+                    self._forward = None
+                    self._drop_partial_token()
+            self.posting, self._token_input = False, None
+            self._end_ledger()
+            self._open = None
+
+    def _end_ledger(self) -> None:
+        o = self._open
+        if o is not None and o.seq is not None and self.fence is not None:
+            seq, o.seq = o.seq, None
+            self.fence.end(seq)
+
+    def _cut(self, o: _Open) -> None:
+        """Tell the control thread how many layers the open decode step posted, if it launched one."""
+        if self.thread.launched <= o.launched_before:
+            return  # interrupted before it launched
+        step, box = o.launched_before, self.mailbox
+        if self.pool.device.type == "cuda":
+            torch.cuda.current_stream(self.pool.device).synchronize()  # then the device's post count is exact
+        posted = min(max(int(box.posts.item()) - step * self.L, 0), self.L)
+        if posted < self.L:
+            self.thread.cut(step, posted)
+            box.skip_to(step + 1)
+
+    def _drop_partial_token(self) -> None:
+        """The driver saw part of a token that will not finish: count it and start the next one afresh."""
+        if self._mid_token:
+            self._mid_token = False
+            self.abandoned += 1
+            self.driver.tokens += 1  # positions are numbered by finished tokens: none is numbered twice
+
+    # -- decode steps read from the mailbox (control thread) --------------------------------------------
     def post(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
         """Router hook of a posting forward: device ops only."""
         self.mailbox.post(layer, ids, weights, self._token_input if layer == 0 else None)
@@ -187,14 +313,25 @@ class Controller:
         step_ids, step_w, tok = self._step
         step_ids[0, layer], step_w[0, layer] = ids, weights
         self.driver.reveal(layer, step_ids[0, layer])
-        self.driver.layer_end(layer)
+        self._layer_end(layer)
         if layer == self.L - 1:
             self._ids.append(step_ids)
             self._weights.append(step_w)
             self._tokens.append(tok)
 
+    def abandon_step(self, layers: int) -> None:
+        """The decode step being read was cut short after `layers` layers (control thread, under the lock)."""
+        self._step = None
+        self._drop_partial_token()
+
     def _token_start(self, token: int | None, new_request: bool | None = None) -> None:
+        self._mid_token = True  # set first: an interrupt inside token_start still drops the token
         self.driver.token_start(token, self._new_request if new_request is None else new_request)
+
+    def _layer_end(self, layer: int) -> None:
+        self.driver.layer_end(layer)
+        if layer == self.L - 1:
+            self._mid_token = False
 
     # -- results ---------------------------------------------------------------------------------------
     @property
@@ -211,81 +348,3 @@ class Controller:
             expert_ids=np.concatenate(self._ids), gate_weights=np.concatenate(self._weights), token_ids=tokens,
             request_offsets=np.asarray(offsets, np.int64), meta=self.meta,
         )
-
-
-# -- the model hooks that feed a Controller ---------------------------------------------------------------
-def install_hooks(controller: Controller, model: torch.nn.Module, routers: list[torch.nn.Module]) -> list:
-    """Hook `model` (forward start and end) and its MoE `routers` (layer order) to `controller`; the handles."""
-    hooks = [model.register_forward_pre_hook(_pre_hook(controller), with_kwargs=True),
-             model.register_forward_hook(_post_hook(controller), always_call=True)]
-    return hooks + [r.register_forward_hook(_router_hook(controller, l)) for l, r in enumerate(routers)]
-
-
-def _pre_hook(controller: Controller):
-    def hook(module, args, kwargs):
-        t0 = time.perf_counter()
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            shape, tokens = ids.shape, None
-        else:
-            emb = kwargs.get("inputs_embeds")
-            if emb is None:
-                raise UserError("the offloaded model was called without input_ids or inputs_embeds")
-            shape, tokens = emb.shape[:2], [None] * emb.shape[1]
-        if len(shape) != 2 or shape[0] != 1:
-            raise UserError(f"the offload runtime serves batch 1; got inputs of shape {tuple(shape)}")
-        thread = controller.thread
-        if controller.graph_step:  # DecodeGraph's decode step: nothing here may read a device value
-            controller.begin_posted(ids[:, -1] if ids is not None else None)
-            return
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        new_request = cache is None or not hasattr(cache, "get_seq_length") or bool(cache.get_seq_length() == 0)
-        if thread is not None and shape[1] == 1 and not new_request and (controller.num_tokens or thread.launched):
-            controller.begin_posted(ids[:, -1] if ids is not None else None)
-            controller.host_s += time.perf_counter() - t0
-            return
-        if thread is not None:  # a prompt: the state machine must be current, the device idle
-            thread.catch_up()
-            if controller.pool.device.type == "cuda":
-                torch.cuda.current_stream(controller.pool.device).synchronize()
-            controller.pool.set_idle(True)
-        if tokens is None:
-            tokens = ids[0].tolist()
-        with controller.lock:
-            controller.begin_forward(tokens, new_request or controller.num_tokens == 0)
-        controller.host_s += time.perf_counter() - t0
-
-    return hook
-
-
-def _post_hook(controller: Controller):
-    def hook(module, args, output):
-        t0 = time.perf_counter()
-        if controller.posting:
-            controller.end_posted()
-        else:
-            with controller.lock:
-                controller.end_forward()
-        controller.host_s += time.perf_counter() - t0
-
-    return hook
-
-
-def _host(x: torch.Tensor) -> np.ndarray:
-    x = x.detach()
-    if x.device.type != "cpu":
-        x = x.cpu()
-    return x.float().numpy() if x.dtype in (torch.bfloat16, torch.float16) else x.numpy()
-
-
-def _router_hook(controller: Controller, layer: int):
-    def hook(module, args, output):
-        t0 = time.perf_counter()
-        _, weights, ids = unpack_router_output(module, output)
-        if controller.posting:
-            controller.post(layer, ids, weights)
-        else:
-            controller.route(layer, _host(ids), _host(weights))  # cast to int16 / float32 by the controller
-        controller.host_s += time.perf_counter() - t0
-
-    return hook

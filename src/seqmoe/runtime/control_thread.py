@@ -8,8 +8,10 @@ they are made, so counts and trace equal the inline engine's and `simulate()`'s.
 
 The model thread calls `launch()` before each decode step (it counts the step and waits while the
 thread is R / 2 steps behind, so the mailbox ring never laps) and `catch_up()` before anything that
-needs the state machine current (a prompt forward, stats, trace). An error in the thread is raised
-on the model thread at its next `launch` or `catch_up`.
+needs the state machine current (a prompt forward, stats, trace). A step cut short (its forward
+raised or was interrupted after posting some layers) is `cut`: the thread reads the layers that
+were posted, then drops the step (`Controller.abandon_step`) instead of waiting for the rest. An
+error in the thread is raised on the model thread at its next `launch` or `catch_up`.
 """
 
 from __future__ import annotations
@@ -28,16 +30,25 @@ class ControlThread:
         self.done = 0  # decode steps fed to the state machine
         self._cv = threading.Condition()
         self._stop = False
+        self._cut: dict[int, int] = {}  # step -> layers it posted, for steps cut short
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="seqmoe-control", daemon=True)
         self._thread.start()
 
-    def launch(self) -> None:
-        """A decode step is about to post (model thread); waits while the thread is half a ring behind."""
+    def launch(self) -> int:
+        """A decode step is about to post (model thread); waits while the thread is half a ring
+        behind. The step's number."""
         with self._cv:
             self._cv.wait_for(lambda: self.launched - self.done < self.mailbox.R // 2 or self._error or self._stop)
             self._check()
             self.launched += 1
+            self._cv.notify_all()
+            return self.launched - 1
+
+    def cut(self, step: int, posted: int) -> None:
+        """Launched `step` posted only its first `posted` layers (model thread, after a failed forward)."""
+        with self._cv:
+            self._cut[step] = posted
             self._cv.notify_all()
 
     def catch_up(self, timeout: float | None = 600.0) -> None:
@@ -46,8 +57,8 @@ class ControlThread:
             ok = self._cv.wait_for(lambda: self.done >= self.launched or self._error or self._stop, timeout)
             self._check()
             if not ok:
-                raise RuntimeError(f"the control plane waited {timeout} s for decode step {self.done}'s routing; a "
-                                   "forward probably failed midway: offload the model again")
+                raise RuntimeError(f"the control plane waited {timeout} s for decode step {self.done}'s routing, "
+                                   "which the device never posted; restore() and offload the model again")
 
     def fail(self, error: BaseException) -> None:
         """Stop consuming: `error` is raised at the next `launch` or `catch_up` (model thread)."""
@@ -62,7 +73,6 @@ class ControlThread:
             raise RuntimeError(f"the control thread failed: {self._error!r}") from self._error
 
     def _run(self) -> None:
-        alive = lambda: not self._stop  # noqa: E731
         L = self.mailbox.L
         while True:
             with self._cv:
@@ -71,16 +81,31 @@ class ControlThread:
                     return
                 step = self.done
             try:
-                for layer in range(L):
-                    ids, weights, token = self.mailbox.wait(step, layer, alive)
-                    with self.lock:
-                        self.controller.decode_layer(layer, ids, weights, token)
+                if not self._read_step(step, L):
+                    return  # closed while waiting
             except BaseException as e:  # surfaced on the model thread
                 self.fail(e)
                 return
             with self._cv:
+                self._cut.pop(step, None)
                 self.done += 1
                 self._cv.notify_all()
+
+    def _read_step(self, step: int, L: int) -> bool:
+        """Feed `step`'s layers to the controller as they are posted, or drop the step after the
+        layers it posted if it was cut short; False if the thread was stopped meanwhile."""
+        give_up = lambda layer: lambda: self._stop or self._cut.get(step, L) <= layer  # noqa: E731
+        for layer in range(L):
+            got = self.mailbox.wait(step, layer, give_up(layer))
+            if got is None:
+                if self._stop:
+                    return False
+                with self.lock:
+                    self.controller.abandon_step(layer)
+                return True
+            with self.lock:
+                self.controller.decode_layer(layer, *got)
+        return True
 
     def close(self) -> None:
         with self._cv:

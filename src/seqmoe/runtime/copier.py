@@ -76,7 +76,7 @@ class CopyWorker:
                     continue
                 if self.link_s:
                     time.sleep(self.link_s)
-                if self.pool.fill(uid, slot, gen):
+                if self.pool.fill(uid, slot, gen, stop=lambda: self._stop):
                     self.copies += 1
                 else:
                     self.skipped += 1

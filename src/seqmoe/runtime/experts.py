@@ -1,9 +1,9 @@
-"""The experts module the runtime puts in place of each MoE block's `experts`, and the packed layout.
+"""The experts module the runtime puts in place of each MoE block's `experts`.
 
-transformers v5 stores a layer's routed experts as 3-D parameters (`gate_up_proj` [E, 2I, H],
-`down_proj` [E, H, I], GPT-OSS also biases [E, X] and a transposed, interleaved layout). The
-runtime packs one expert's slices of all of them into one contiguous row of P numbers
-(`ExpertLayout`), so that one copy moves one expert, and deletes the parameters.
+transformers v5 stores a layer's routed experts as parameters stacked over E (which ones, per
+family, is the architecture adapter's: `seqmoe.arch`). The runtime packs one expert's slices of
+all of them into one contiguous row of P numbers (`seqmoe.arch.ExpertLayout`), so that one copy
+moves one expert, and deletes the parameters.
 
 `OffloadedExperts.forward` has the original signature (hidden_states, top_k_index, top_k_weights).
 In a decode step that posts its routing (`control="thread"`: no host synchronisation, capturable
@@ -27,79 +27,12 @@ from __future__ import annotations
 import inspect
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from seqmoe.arch import ExpertLayout, check_experts, experts_implementation
 from seqmoe.errors import UserError
-
-
-@dataclass(frozen=True)
-class ExpertLayout:
-    """Where each routed parameter of one expert lies in its packed row of `numel` numbers."""
-
-    names: tuple[str, ...]
-    """Names of the per-expert parameters of the experts module (first dimension E)."""
-    shapes: tuple[tuple[int, ...], ...]
-    """Shape of one expert's slice of each parameter."""
-    offsets: tuple[int, ...]
-    """Start of each parameter's slice in the row."""
-    numel: int
-    """P: numbers per expert."""
-    dtype: torch.dtype
-
-    @classmethod
-    def of(cls, experts: torch.nn.Module, num_experts: int) -> ExpertLayout:
-        """The layout of `experts` (a v5 experts module); UserError for other layouts."""
-        params = [(n, p) for n, p in experts.named_parameters(recurse=False) if p.ndim >= 2 and p.shape[0] == num_experts]
-        kind = type(experts).__name__
-        if not params or not any(n.endswith("down_proj") for n, _ in params):
-            raise UserError(
-                f"{kind} does not hold its {num_experts} experts as stacked 3-D parameters (transformers v5 "
-                "layout, e.g. MixtralExperts); this architecture is not supported by the runtime"
-            )
-        dtypes = {p.dtype for _, p in params}
-        if len(dtypes) > 1:
-            raise UserError(f"{kind} mixes parameter dtypes {sorted(map(str, dtypes))}; load the model in one dtype")
-        names, shapes, offsets, at = [], [], [], 0
-        for n, p in params:
-            names.append(n)
-            shapes.append(tuple(p.shape[1:]))
-            offsets.append(at)
-            at += p[0].numel()
-        return cls(tuple(names), tuple(shapes), tuple(offsets), at, dtypes.pop())
-
-    @property
-    def expert_bytes(self) -> int:
-        """Bytes of one packed expert."""
-        return self.numel * torch.empty((), dtype=self.dtype).element_size()
-
-    def pack(self, experts: torch.nn.Module, out: torch.Tensor) -> None:
-        """Write the parameters of `experts` into `out` [E, P] (one row per expert)."""
-        for name, shape, off in zip(self.names, self.shapes, self.offsets):
-            p = getattr(experts, name).detach()
-            out[:, off:off + p[0].numel()].copy_(p.reshape(p.shape[0], -1))
-
-    def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Views of packed `rows` [n, P] as the parameters of an n-expert module ({name: [n, *shape]})."""
-        n, out = rows.shape[0], {}
-        for name, shape, off in zip(self.names, self.shapes, self.offsets):
-            size = 1
-            for d in shape:
-                size *= d
-            out[name] = rows[:, off:off + size].view(n, *shape)
-        return out
-
-    def strip(self, experts: torch.nn.Module) -> None:
-        """Delete the routed parameters from `experts` (the packed rows become their only copy)."""
-        for name in self.names:
-            del experts._parameters[name]
-
-    def unpack(self, experts: torch.nn.Module, host: torch.Tensor, device) -> None:
-        """Give `experts` its parameters back from the packed `host` [E, P], on `device`."""
-        for name, param in self.views(host).items():
-            experts.register_parameter(name, torch.nn.Parameter(param.to(device, copy=True).contiguous(), requires_grad=False))
 
 
 CPU_IN_PLACE_BYTES = 1 << 20
@@ -152,7 +85,7 @@ class OffloadedExperts(torch.nn.Module):
 
     def __init__(self, original: torch.nn.Module, layer: int, layout: ExpertLayout, pool, control) -> None:
         super().__init__()
-        self.check(original)
+        check_experts(original)
         object.__setattr__(self, "original", original)  # not a submodule: its state is the runtime's
         object.__setattr__(self, "pool", pool)
         self.layer = layer
@@ -163,8 +96,8 @@ class OffloadedExperts(torch.nn.Module):
         self._posted_index: dict[tuple, torch.Tensor] = {}
         self._sig = inspect.signature(original.forward)
         self._index_name = list(self._sig.parameters)[1]
-        impl = getattr(getattr(original, "config", None), "_experts_implementation", None)
-        self.slot_ok = impl in SLOT_INDEXED and hasattr(original, "has_gate")  # dispatched by transformers
+        impl = experts_implementation(original)
+        self.slot_ok = impl in SLOT_INDEXED
         self._posted_forward = type(original).forward
         if impl == "grouped_mm" and pool.device.type == "cuda" and layout.dtype != torch.bfloat16:
             # torch's grouped_mm serves only bf16 on the GPU itself; other dtypes take a fallback that
@@ -175,6 +108,7 @@ class OffloadedExperts(torch.nn.Module):
             self._posted_forward = ALL_EXPERTS_FUNCTIONS["batched_mm"]
         self.by_slot = self.slot_ok and (pool.device.type != "cpu" or layout.expert_bytes >= CPU_IN_PLACE_BYTES)
         self._slot_params = layout.views(pool.pool) if self.slot_ok else None
+        self._host_only_posting = pool.device.type == "cuda"
         self._table = pool.table[layer]
         self._table_np = pool.table_host[layer] if pool.device.type == "cpu" else None  # same memory
         self._windows: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
@@ -187,15 +121,6 @@ class OffloadedExperts(torch.nn.Module):
     slot_calls = property(lambda self: self._c.slot_calls, doc="Calls served in place from a window of slots.")
     gather_calls = property(lambda self: self._c.gather_calls, doc="Calls served from gathered rows.")
     posted_calls = property(lambda self: self._c.posted_calls, doc="Decode calls served on the device (posting steps).")
-
-    @staticmethod
-    def check(original: torch.nn.Module) -> None:
-        """UserError unless `original` looks like a v5 experts module this class can wrap."""
-        kind = type(original).__name__
-        if not isinstance(original.__dict__.get("num_experts"), int):
-            raise UserError(f"{kind} has no integer `num_experts` attribute; this architecture is not supported by the runtime")
-        if len(inspect.signature(original.forward).parameters) < 3:
-            raise UserError(f"{kind}.forward does not take (hidden_states, indices, weights); not supported by the runtime")
 
     def _by_slot(self, index: torch.Tensor) -> tuple[dict | None, int, torch.Tensor | None]:
         """(views of the pool window, its width, routed ids as offsets in it), or (None, 0, None) when
@@ -283,7 +208,9 @@ class OffloadedExperts(torch.nn.Module):
                 raise UserError(f"expert index {int(hit[-1])} >= {self.num_experts}: expert parallelism is not supported")
             ids = hit.tolist()
             tg = time.perf_counter()
-            rows = self.pool.rows(self.layer, ids)
+            # A posting step on CUDA reads no slot the host chose: the slot fence covers device-side
+            # table reads only (see `pool`); the host rows are always exact.
+            rows = self.pool.rows(self.layer, ids, host_only=self._control.posting and self._host_only_posting)
             self._c.gather_s += time.perf_counter() - tg
             params, n = self.layout.views(rows), len(ids)
             new_index = torch.searchsorted(hit, index).to(index.dtype)

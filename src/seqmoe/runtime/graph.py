@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from seqmoe.arch import cache_kwarg
 from seqmoe.errors import UserError
 
 
@@ -48,6 +49,7 @@ class DecodeGraph:
         if self.capture and self.device.type != "cuda":
             raise UserError("CUDA graph capture needs device='cuda'")
         self.cache = StaticCache(config=self.model.config, max_cache_len=max_length)
+        self._cache_key = cache_kwarg(self.model)
         self.token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
         self.pos = torch.zeros((1,), dtype=torch.long, device=self.device)
         self.out = torch.zeros((1, max_length), dtype=torch.long, device=self.device)
@@ -57,7 +59,7 @@ class DecodeGraph:
     def _step(self) -> None:
         """Feed `token` at `pos`, write the argmax at pos + 1, advance: device work only."""
         logits = self.model(input_ids=self.token, position_ids=self.pos.view(1, 1), cache_position=self.pos,
-                            past_key_values=self.cache, use_cache=True).logits
+                            use_cache=True, **{self._cache_key: self.cache}).logits
         nxt = logits[:, -1].argmax(-1).view(1, 1)
         self.pos.add_(1)
         self.out.index_copy_(1, self.pos, nxt)
@@ -70,12 +72,13 @@ class DecodeGraph:
         return [t for t in [self.token, self.pos, self.out] + reads + lengths if isinstance(t, torch.Tensor)]
 
     def _posting(self, on: bool, muted: bool = False) -> None:
-        """Tell an offloaded model's hooks that DecodeGraph runs (and launched) the decode step."""
+        """Tell an offloaded model's hooks that DecodeGraph runs the decode step (warm-up, capture,
+        or a step it opened): they post, and neither open nor close anything."""
         if self.runtime is not None:
             ctrl = self.runtime.controller
             ctrl.graph_step, ctrl.mailbox.muted = on, muted
             if not on:
-                ctrl.end_posted()
+                ctrl.posting = False
 
     def _capture(self) -> None:
         self._posting(True, muted=True)
@@ -117,14 +120,13 @@ class DecodeGraph:
         input_ids = input_ids.to(self.device)
         self.cache.reset()
         logits = self.model(input_ids=input_ids, cache_position=torch.arange(n, device=self.device),
-                            past_key_values=self.cache, use_cache=True).logits
+                            use_cache=True, **{self._cache_key: self.cache}).logits
         self.out[0, :n] = input_ids[0]
         self.pos.fill_(n)
         self.out[0, n] = logits[0, -1].argmax(-1)
         self.token[0, 0] = self.out[0, n]
         if self.capture and self.graph is None and max_new_tokens > 1:
             self._capture()
-        rt = self.runtime
         end = n + max_new_tokens
         for i in range(max_new_tokens - 1):
             if eos_token_id is not None and i % check_every == 0:
@@ -132,26 +134,37 @@ class DecodeGraph:
                 if found is not None:
                     end = found + 1
                     break
-            if rt is not None:
-                rt.controller.thread.launch()
-                rt.pool.set_idle(False)
+            self._decode_step()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        if eos_token_id is not None and end == n + max_new_tokens:
+            found = self._first_eos(n, end, eos_token_id)
+            end = end if found is None else found + 1
+        return self.out[:, :end].clone()
+
+    def _decode_step(self) -> None:
+        """One decode step: opened and closed on the runtime's controller, the graph replayed or the step run."""
+        ctrl = self.runtime.controller if self.runtime is not None else None
+        if ctrl is None:
+            self.graph.replay() if self.graph is not None else self._step()
+            self.steps += 1
+            return
+        ctrl.begin_posted(None)
+        try:
             if self.graph is not None:
                 self.graph.replay()
+                ctrl.end_posted(posted=ctrl.L)  # the replay posted every layer (no hook runs in it)
             else:
                 self._posting(True)  # the hooks post without asking the cache whether this is a decode step
                 try:
                     self._step()
                 finally:
                     self._posting(False)
-            self.steps += 1
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-        if rt is not None:
-            rt.pool.set_idle(True)
-        if eos_token_id is not None and end == n + max_new_tokens:
-            found = self._first_eos(n, end, eos_token_id)
-            end = end if found is None else found + 1
-        return self.out[:, :end].clone()
+                ctrl.end_posted()
+        except BaseException:  # an error or Ctrl-C between the launch and the end: the step is cut short
+            ctrl.abort()
+            raise
+        self.steps += 1
 
     def _first_eos(self, lo: int, hi: int, eos: int) -> int | None:
         """Position of the first `eos` in out[lo:hi] (a host read: waits for the steps so far), or None."""

@@ -1,14 +1,16 @@
 """The routing mailbox: how a decode step's routing reaches the host without the step waiting for it.
 
-    box = Mailbox(num_layers, top_k, device)
+    box = Mailbox(num_layers, top_k, device, fence)
     box.post(layer, ids, weights, token)      # model thread, inside the decode step: device ops only
     ids, weights, token = box.wait(step, layer)   # control thread: spins until (step, layer) is posted
+    box.skip_to(step)                         # model thread: after a step cut short, post as `step`
 
 The mailbox is pinned host memory that the device writes through its mapped view (`mapped`): a
 ring of R decode steps x L layers of routed ids and gate weights, the step's input token, and per
 (step, layer) the step number once its routing is complete, written after the routing (stream
-order, so the host sees the routing before the number). `progress` counts every layer posted so
-far; the slot fence (`pool`) reads it. Each post is a handful of small device ops whose indices are
+order, so the host sees the routing before the number). Each post also acknowledges the slot
+table's version for the slot fence (`fence.ReadFence`, argued in `pool`). Each post is a handful
+of small device ops (one Triton kernel on CUDA) whose indices are
 device tensors: nothing in it depends on a host value, so it records into a CUDA graph and replays
 with the step counter it keeps on the device. The model thread keeps at most R / 2 steps ahead of
 the control thread (`ControlThread.launch`), so a slot of the ring is never overwritten before it
@@ -22,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from seqmoe.runtime.fence import ReadFence
 from seqmoe.runtime.mapped import device_view, post_kernel
 
 RING = 64
@@ -34,29 +37,28 @@ class Mailbox:
     Args:
         num_layers, top_k: L, K.
         device: where the model runs (posts are ops on this device).
+        fence: the slot fence each post acknowledges (None: posts acknowledge nothing).
         ring: R, steps held.
     """
 
-    def __init__(self, num_layers: int, top_k: int, device: torch.device, ring: int = RING) -> None:
-        self.L, self.K, self.R, self.device = num_layers, top_k, ring, device
+    def __init__(self, num_layers: int, top_k: int, device: torch.device, fence: ReadFence | None = None,
+                 ring: int = RING) -> None:
+        self.L, self.K, self.R, self.device, self.fence = num_layers, top_k, ring, device, fence
         pin = device.type == "cuda"
         self._ids = torch.full((ring * num_layers, top_k), -1, dtype=torch.int32, pin_memory=pin)
         self._weights = torch.zeros((ring * num_layers, top_k), dtype=torch.float32, pin_memory=pin)
         self._tokens = torch.full((ring,), -1, dtype=torch.int64, pin_memory=pin)
         self._seq = torch.full((ring * num_layers,), -1, dtype=torch.int64, pin_memory=pin)
-        self._progress = torch.zeros((1,), dtype=torch.int64, pin_memory=pin)
         self.ids_np, self.weights_np = self._ids.numpy(), self._weights.numpy()
-        self.tokens_np, self.seq_np, self.progress_np = self._tokens.numpy(), self._seq.numpy(), self._progress.numpy()
+        self.tokens_np, self.seq_np = self._tokens.numpy(), self._seq.numpy()
         v = lambda t: device_view(t, device)  # noqa: E731
-        self._d_ids, self._d_weights, self._d_tokens = v(self._ids), v(self._weights), v(self._tokens)
-        self._d_seq, self._d_progress = v(self._seq), v(self._progress)
+        self._d_ids, self._d_weights, self._d_tokens, self._d_seq = v(self._ids), v(self._weights), v(self._tokens), v(self._seq)
         self.posts = torch.zeros((1,), dtype=torch.int64, device=device)  # layers posted, on the device
         self.muted = False  # graph warm-up: run the step without posting
 
-    @property
-    def progress(self) -> int:
-        """Layers posted so far, as the host sees it."""
-        return int(self.progress_np[0])
+    def skip_to(self, step: int) -> None:
+        """Number the next post layer 0 of `step` (after a step cut short; a device op, stream-ordered)."""
+        self.posts.fill_(step * self.L)
 
     def post(self, layer: int, ids: torch.Tensor, weights: torch.Tensor, token: torch.Tensor | None) -> None:
         """Post one position's routing at `layer` ([1, K] ids and weights; the input token at layer 0).
@@ -65,11 +67,12 @@ class Mailbox:
         if self.muted:
             return
         ids, weights = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()  # kernels index flat memory
-        kernel = post_kernel(self.device)
+        kernel, f = post_kernel(self.device), self.fence
         if kernel is not None:  # one Triton kernel (CUDA)
+            fence = (f.snap, f.version_dev, f.acked_dev) if f is not None else (self.posts,) * 3
             kernel[(1,)](ids, weights, token.reshape(-1).contiguous() if token is not None else ids, self.posts, self._d_ids,
-                         self._d_weights, self._d_tokens, self._d_seq, self._d_progress, layer, self.L, self.R, self.K,
-                         HAS_TOKEN=token is not None, BK=max(2, 1 << (self.K - 1).bit_length()))
+                         self._d_weights, self._d_tokens, self._d_seq, *fence, layer, self.L, self.R, self.K,
+                         HAS_TOKEN=token is not None, HAS_FENCE=f is not None, BK=max(2, 1 << (self.K - 1).bit_length()))
             return
         step = torch.div(self.posts, self.L, rounding_mode="floor")
         ring = torch.remainder(step, self.R)
@@ -80,12 +83,13 @@ class Mailbox:
             self._d_tokens.index_copy_(0, ring, token.reshape(1).to(torch.int64))
         self._d_seq.index_copy_(0, at, step)  # a later op: the host reads the routing as complete
         self.posts.add_(1)
-        self._d_progress.copy_(self.posts)
+        if f is not None:
+            f.ack()
 
-    def wait(self, step: int, layer: int, alive=lambda: True) -> tuple[np.ndarray, np.ndarray, int | None]:
+    def wait(self, step: int, layer: int, give_up=lambda: False) -> tuple[np.ndarray, np.ndarray, int | None] | None:
         """Spin until `step`'s routing at `layer` is posted; (ids [K], weights [K], token or None at
-        layers > 0). RuntimeError if it was overwritten (the reader fell a ring behind) or when
-        `alive()` turns false while waiting."""
+        layers > 0), or None once `give_up()` is true while waiting. RuntimeError if it was
+        overwritten (the reader fell a ring behind)."""
         at = (step % self.R) * self.L + layer
         spins = 0
         while (seen := int(self.seq_np[at])) != step:
@@ -94,8 +98,8 @@ class Mailbox:
             spins += 1
             if spins > 200:
                 time.sleep(20e-6)
-                if not alive():
-                    raise RuntimeError("the mailbox was closed while waiting for a decode step's routing")
+                if give_up():
+                    return None
         ids, weights = self.ids_np[at].copy(), self.weights_np[at].copy()
         token = int(self.tokens_np[step % self.R]) if layer == 0 else None
         if int(self.seq_np[at]) != step:

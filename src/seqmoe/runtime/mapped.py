@@ -10,10 +10,12 @@ part. On the CPU the host memory *is* the device memory: `device_view` returns t
 
 `gather_rows(pool, host, table, ids, out, reads)` writes, for each routed expert i, its packed row
 from its pool slot when the slot table says it has one, else straight from its host row: a miss is
-served by the device reading host memory, never by waiting for the host. `post_kernel` writes one
-layer's routing into the mailbox (`mailbox.Mailbox.post`). On CUDA each is one Triton kernel (the
-gather reads only the chosen source of each row); elsewhere, or without triton, torch ops with the
-same result. Checked against each other on CUDA (tests/runtime/test_thread.py) and here under
+served by the device reading host memory, never by waiting for the host. It first resolves the K
+table entries into device memory (one small kernel, reading the mapped table once per row with
+volatile loads), then gathers (the slot fence in `pool` relies on that order). `post_kernel`
+writes one layer's routing into the mailbox and acknowledges the table version
+(`mailbox.Mailbox.post`, `fence`). On CUDA each step is a Triton kernel (the gather reads only the
+chosen source of each row); elsewhere, or without triton, torch ops with the same result. Checked against each other on CUDA (tests/runtime/test_thread.py) and here under
 `TRITON_INTERPRET=1`.
 """
 
@@ -57,12 +59,16 @@ def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
-                reads: torch.Tensor) -> torch.Tensor:
+                reads: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
     """out[i] = pool[table[ids[i]]] when that slot is >= 0, else host[ids[i]]; reads[0] += slot reads,
-    reads[1] += host reads. `host` and `table` as the device sees them (`device_view`)."""
+    reads[1] += host reads. `host` and `table` as the device sees them (`device_view`); `slots`
+    [n] int32 device scratch for the resolved entries (allocated when None)."""
     if out.device.type == "cuda" and _kernels() is not None:
         n, p = out.shape
-        _kernels()["gather"][(n, -(-p // _BLOCK))](pool, host, table, ids, out, reads, p, BLOCK=_BLOCK)
+        if slots is None:
+            slots = torch.empty((n,), dtype=torch.int32, device=out.device)
+        _kernels()["resolve"][(1,)](table, ids, slots, reads, n, BK=max(2, 1 << (n - 1).bit_length()))
+        _kernels()["gather"][(n, -(-p // _BLOCK))](pool, host, slots, ids, out, p, BLOCK=_BLOCK)
         return out
     slots = table.index_select(0, ids)
     hit = slots >= 0
@@ -104,25 +110,35 @@ def _build_kernels() -> dict:
     import triton.language as tl
 
     @triton.jit
-    def gather(pool, host, table, ids, out, reads, P, BLOCK: tl.constexpr):
+    def resolve(table, ids, slots, reads, K, BK: tl.constexpr):
+        k = tl.arange(0, BK)
+        m = k < K
+        e = tl.load(ids + k, mask=m, other=0).to(tl.int64)
+        s = tl.load(table + e, mask=m, other=0, volatile=True)  # the host writes the table: no cached copy
+        tl.store(slots + k, s, mask=m)
+        tl.atomic_add(reads, tl.sum((m & (s >= 0)).to(tl.int64), axis=0))
+        tl.atomic_add(reads + 1, tl.sum((m & (s < 0)).to(tl.int64), axis=0))
+
+    @triton.jit
+    def gather(pool, host, slots, ids, out, P, BLOCK: tl.constexpr):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
         cols = chunk * BLOCK + tl.arange(0, BLOCK)
         mask = cols < P
         e = tl.load(ids + row).to(tl.int64)
-        slot = tl.load(table + e).to(tl.int64)
+        slot = tl.load(slots + row).to(tl.int64)
         if slot >= 0:
             vals = tl.load(pool + slot * P + cols, mask=mask)
         else:
             vals = tl.load(host + e * P + cols, mask=mask)
         tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
-        if chunk == 0:
-            tl.atomic_add(reads + (slot < 0).to(tl.int64), 1)
 
     @triton.jit
-    def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, progress, layer, L, R, K,
-             HAS_TOKEN: tl.constexpr, BK: tl.constexpr):
+    def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, K,
+             HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr):
         n = tl.load(posts)
+        if HAS_FENCE:
+            prev = tl.load(snap)  # loaded by every thread before the barrier below, stored after it
         step = n // L
         at = (step % R) * L + layer
         k = tl.arange(0, BK)
@@ -134,6 +150,8 @@ def _build_kernels() -> dict:
         tl.debug_barrier()  # every thread's routing stores happen before the release below
         tl.atomic_xchg(box_seq + at, step, sem="release", scope="sys")  # the host sees routing, then the number
         tl.store(posts, n + 1)
-        tl.atomic_xchg(progress, n + 1, sem="release", scope="sys")
+        if HAS_FENCE:  # the previous layer's reads are done (stream order): acknowledge, then snapshot
+            tl.atomic_xchg(acked, prev, sem="release", scope="sys")
+            tl.store(snap, tl.load(version, volatile=True))
 
-    return {"gather": gather, "post": post}
+    return {"resolve": resolve, "gather": gather, "post": post}

@@ -6,33 +6,46 @@
 
 What changes on the model instance (transformers' classes and registries are never patched): each
 MoE block's `experts` submodule becomes an `OffloadedExperts`, its routed parameters are packed
-into host blocks and deleted; forward hooks sit on the model and on each router. Shared experts,
-attention and dense layers stay where they were. See `pool` (data plane), `control` (control
-plane) and `copier` (the copy worker).
+into host blocks and taken out (emptied, kept for `restore`); forward hooks and a forward guard sit
+on the model and on each router. Shared experts, attention and dense layers stay where they were
+(or move to `device`). See `pool` (data plane), `control` (control plane) and `copier`.
+
+`offload` is all-or-nothing: every argument and the device's free memory are checked before
+anything changes, and each change after that is undone, in reverse, if a later step fails (an
+out-of-memory pool, a failing copy, Ctrl-C): the model is then as it was, weights, devices and
+Parameter objects alike.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 
 import numpy as np
 import torch
 
+from seqmoe.arch import ExpertLayout, ModelArch, model_arch
 from seqmoe.cache import LRUPolicy
-from seqmoe.collect.routers import MoeLayer, decoder_layers, moe_layers
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
-from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement, summarize
+from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
-from seqmoe.runtime.control import Controller, install_hooks
-from seqmoe.runtime.copier import CopyWorker
+from seqmoe.runtime.build import Undo, allocate_slots, check_device_memory, move_model, resolve_device
+from seqmoe.runtime.control import Controller
 from seqmoe.runtime.control_thread import ControlThread
-from seqmoe.runtime.experts import ExpertLayout, OffloadedExperts
+from seqmoe.runtime.copier import CopyWorker
+from seqmoe.runtime.experts import OffloadedExperts
+from seqmoe.runtime.fence import ReadFence
+from seqmoe.runtime.handle import OffloadRuntime
+from seqmoe.runtime.hooks import install_hooks
 from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.signals import shield_off, shield_on
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
+
+__all__ = ["offload", "OffloadRuntime", "measure_profile"]
 
 
 def _check_system(system: str, train: RoutingTrace | None, predictor) -> None:
@@ -74,10 +87,10 @@ def _nbytes(params) -> int:
     return sum(p.numel() * p.element_size() for p in params)
 
 
-def measure_profile(model: torch.nn.Module, layers: list[MoeLayer], layout: ExpertLayout) -> ModelProfile:
+def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayout) -> ModelProfile:
     """The cost model's `ModelProfile` of a model whose routed experts are already stripped."""
-    _, decoder = decoder_layers(model)
-    per_layer = [_nbytes(decoder[m.layer_index].parameters()) for m in layers]
+    layers = arch.moe
+    per_layer = [_nbytes(arch.decoder[m.layer_index].parameters()) for m in layers]
     token = _nbytes(model.parameters()) - sum(per_layer)
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()
     if emb is not None and (out is None or out.weight is not emb.weight):
@@ -88,123 +101,6 @@ def measure_profile(model: torch.nn.Module, layers: list[MoeLayer], layout: Expe
                         top_k=layers[0].top_k, expert_bytes=layout.expert_bytes,
                         layer_bytes=int(round(sum(per_layer) / len(per_layer))), token_bytes=max(int(token), 0),
                         source="parameter bytes of the loaded model (seqmoe.runtime)")
-
-
-class OffloadRuntime:
-    """Handle of one offloaded model: stats, the routing trace, restore. Built by `offload`."""
-
-    def __init__(self, model, blocks, originals, layouts, pool, worker, controller, hooks, *, system: str,
-                 residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile) -> None:
-        self.model, self._blocks, self._originals, self._layouts = model, blocks, originals, layouts
-        self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
-        self.system, self.residency, self.start = system, residency, start
-        self.capacity = pool.capacity
-        self.model_profile, self.hardware = model_profile, hardware
-        self.closed = self._restored = False
-
-    @property
-    def control(self) -> str:
-        """Where the control plane runs: "inline" (in the router hooks) or "thread" (its own thread)."""
-        return "inline" if self.controller.thread is None else "thread"
-
-    def _catch_up(self) -> None:
-        """The state machine current with every step the model ran (thread mode: waits for the device)."""
-        thread = self.controller.thread
-        if thread is not None and not self.closed:
-            thread.catch_up()
-            if self.pool.device.type == "cuda":
-                torch.cuda.synchronize(self.pool.device)
-            if not self.controller.posting:
-                self.pool.set_idle(True)
-
-    def trace(self) -> RoutingTrace:
-        """The routing of every position this runtime has served (prompt positions, then each decode step)."""
-        self._catch_up()
-        t = self.controller.trace()
-        if t is None:
-            raise UserError("the model has not run since offload(); call model.generate(...) first")
-        return t
-
-    @property
-    def host_s(self) -> float:
-        """Seconds the model thread spent orchestrating so far: hooks, control plane, the experts
-        wrapper outside the original forward and the gathers (perf_counter)."""
-        return self.controller.host_s + sum(e.host_s for e in self._wrappers())
-
-    @property
-    def gather_s(self) -> float:
-        """Seconds the experts wrappers spent gathering routed rows (slot or host block) into a buffer."""
-        return sum(e.gather_s for e in self._wrappers())
-
-    def _wrappers(self) -> list[OffloadedExperts]:
-        return [b.experts for b in self._blocks if isinstance(b.experts, OffloadedExperts)]
-
-    def synchronize(self) -> None:
-        """Wait until the control plane has seen every step and every queued expert copy has run."""
-        self._catch_up()
-        self.worker.drain()
-
-    def stats(self) -> dict:
-        """The control plane's metrics (the simulator's summary on the virtual clock: `time_s`,
-        `sim_copies`) and the data plane's counts (`copies` and `bytes_copied` really run, reads)."""
-        self._catch_up()
-        pool = self.pool
-        device_reads = pool.device_reads.tolist()
-        pool_reads, host_reads = pool.pool_reads + device_reads[0], pool.host_reads + device_reads[1]
-        counts = self.controller.driver.counts()
-        eb = pool.expert_bytes
-        tokens = counts.num_tokens
-        per_token = (lambda s: 1e6 * s / tokens) if tokens else (lambda s: 0.0)
-        summary = summarize(counts, expert_bytes=eb)
-        return {
-            "system": self.system, "residency": self.residency, "capacity": self.capacity,
-            "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": self.controller.K,
-            "tokens": tokens, **summary, "sim_copies": summary["copies"],
-            "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,
-            "bytes_copied": self.worker.copies * eb,
-            "control": self.control,
-            "pool_reads": pool_reads, "host_reads": host_reads,
-            "data_hit_rate": pool_reads / (pool_reads + host_reads) if pool_reads + host_reads else 0.0,
-            "peak_gathered_experts": pool.peak_gathered,
-            "resident_experts": len(pool.resident()),
-            "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
-            "host_expert_bytes": pool.host_bytes,
-            "host_us_per_token": per_token(self.host_s),
-            "gather_us_per_token": per_token(self.gather_s),
-            "device": str(pool.device),
-        }
-
-    def close(self) -> None:
-        """Stop the copy worker and remove the hooks; the model keeps its offloaded experts but stops
-        being managed (every expert then reads from wherever its table entry points)."""
-        if self.closed:
-            return
-        error = None
-        try:
-            self._catch_up()
-        except RuntimeError as e:  # the control thread failed: still shut everything down, then say so
-            error = e
-        self.pool.set_idle(True)
-        if self.controller.thread is not None:
-            self.controller.thread.close()
-        self.worker.close()
-        for h in self._hooks:
-            h.remove()
-        self.closed = True
-        if error is not None:
-            raise error
-
-    def restore(self) -> None:
-        """`close()`, then put the original experts modules back with their weights on the pool's device."""
-        if self._restored:
-            return
-        try:
-            self.close()
-        finally:
-            for block, orig, layout, host in zip(self._blocks, self._originals, self._layouts, self.pool.hosts):
-                layout.unpack(orig, host, self.pool.device)
-                block.experts = orig
-            self._restored = True
 
 
 def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = DEFAULT_SYSTEM, *, device=None, predictor=None,
@@ -231,9 +127,37 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             and can be captured as a CUDA graph (`DecodeGraph`); "inline" (default on the CPU): the
             state machine runs in the router hooks. Same decisions, same counts.
     """
-    layers = moe_layers(model)
-    L, E, K = len(layers), layers[0].num_experts, layers[0].top_k
-    C = capacity_for(residency, L, E, K)
+    plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
+                 hardware=hardware, control=control)
+    return _assemble(model, plan, emulate_link)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything `offload` decided before changing the model."""
+
+    arch: ModelArch
+    originals: list
+    layouts: list
+    device: torch.device
+    control: str
+    capacity: int
+    system: object
+    start: list
+    hardware: HardwareProfile
+    meta: TraceMeta
+    system_name: str
+    residency: float
+
+
+def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control) -> _Plan:
+    """Check every argument and the device's free memory; UserError before anything changes."""
+    if isinstance(residency, bool) or not isinstance(residency, numbers.Real):
+        raise UserError(f"residency must be a number in (0, 1], got {residency!r} ({type(residency).__name__})")
+    arch = model_arch(model)
+    layers = arch.moe
+    L, E, K = len(layers), arch.num_experts, arch.top_k
+    C = capacity_for(float(residency), L, E, K)
     _check_system(system, train, predictor)
     predictor = _load_predictor(predictor, L, E, K) if system_spec(system).needs_predictor else None
     name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
@@ -244,6 +168,16 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
     if bandwidth is not None:
         hw = dataclasses.replace(hw, name=f"{hw.name} at {bandwidth:g} B/s", h2d_bytes_per_s=float(bandwidth))
     start = start_placement(train, C) if train is not None else []
+    originals = _experts_modules(layers)
+    layouts = [arch.layout(x) for x in originals]
+    if len(set(layouts)) > 1:
+        raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
+    device = resolve_device(device, next(p.device for p in originals[0].parameters()))
+    control = control or ("thread" if device.type == "cuda" else "inline")
+    if control not in ("inline", "thread"):
+        raise UserError(f"control must be 'inline' or 'thread', got {control!r}")
+    if device.type == "cuda":
+        check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     sys_obj = build_system(system, SystemInputs(train=train or dims, test=dims, capacity=C, start=tuple(start),
@@ -253,56 +187,73 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
         # bookkeeping is the cheapest); skip their per-layer work.
         sys_obj = dataclasses.replace(sys_obj, policy=LRUPolicy(), predictor=None, prefetcher=None)
-    blocks, originals = [], []
+    meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({system}, residency {residency})",
+                     extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
+                            "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
+                            "system": system, "capacity": C})
+    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, meta, system, residency)
+
+
+def _assemble(model, plan: _Plan, emulate_link: bool) -> OffloadRuntime:
+    """Change the model as `plan` says; every step is undone, in reverse, if a later one fails."""
+    arch, originals, layout, device = plan.arch, plan.originals, plan.layouts[0], plan.device
+    layers, C, hw = arch.moe, plan.capacity, plan.hardware
+    L, E, K = len(layers), arch.num_experts, arch.top_k
+    with Undo() as undo:
+        hosts, kept = _pack(originals, layout, device, undo)
+        move_model(model, device, undo)  # the dense remainder only: the routed experts are already out
+        mp = measure_profile(model, arch, layout)
+        fence = ReadFence(device) if plan.control == "thread" else None
+        pool = ExpertPool(hosts, C, device, slots=allocate_slots(C, layout, device, L * E), fence=fence)
+        for uid in plan.start:
+            pool.load_now(uid)
+        controller = Controller(plan.system, L, E, K, plan.meta)
+        manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
+        worker = CopyWorker(pool, copy_time_s(mp, hw) if emulate_link else None)
+        undo.push(worker.close)
+        controller.attach(manager, pool, worker)
+        if plan.control == "thread":
+            controller.fence = fence
+            controller.mailbox = Mailbox(L, K, device, fence)
+            controller.thread = ControlThread(controller, controller.mailbox, controller.lock)
+            undo.push(controller.thread.close)
+        for l, (m, orig) in enumerate(zip(layers, originals)):
+            setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller))
+            undo.push(lambda m=m, orig=orig: setattr(m.block, m.experts_attr, orig))
+        hooks = install_hooks(controller, model, [m.router for m in layers])
+        undo.push(lambda: [h.remove() for h in hooks])
+        shield_on()  # Ctrl-C now waits for the end of a state-machine transition (`signals`)
+        undo.push(shield_off)
+        return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
+                              system=plan.system_name, residency=plan.residency, start=plan.start, model_profile=mp,
+                              hardware=hw)
+
+
+def _experts_modules(layers) -> list[torch.nn.Module]:
+    """Each MoE layer's routed experts module; UserError if the model is offloaded already or has none."""
+    originals = []
     for m in layers:
-        block = model.get_submodule(m.name.rsplit(".", 1)[0])
-        experts = getattr(block, "experts", None)
+        experts = m.experts
         if isinstance(experts, OffloadedExperts):
             raise UserError("this model is already offloaded; call runtime.restore() first")
         if not isinstance(experts, torch.nn.Module):
-            raise UserError(f"MoE block {type(block).__name__} has no `experts` module; not supported by the runtime")
-        OffloadedExperts.check(experts)
-        blocks.append(block)
+            raise UserError(f"MoE block {type(m.block).__name__} has no `{m.experts_attr}` module; not supported by "
+                            "the runtime")
         originals.append(experts)
-    layouts = [ExpertLayout.of(x, E) for x in originals]
-    if len(set(layouts)) > 1:
-        raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
-    layout = layouts[0]
-    model_device = next(p.device for p in originals[0].parameters())
-    device = torch.device(device) if device is not None else model_device
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"device {device} was asked for but CUDA is not available; pass device='cpu' or None")
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", torch.cuda.current_device())
-    control = control or ("thread" if device.type == "cuda" else "inline")
-    if control not in ("inline", "thread"):
-        raise UserError(f"control must be 'inline' or 'thread', got {control!r}")
-    hosts = []
-    for x in originals:  # layer by layer: at most one layer's experts exist twice at a time
+    return originals
+
+
+def _pack(originals, layout: ExpertLayout, device: torch.device, undo: Undo):
+    """(host blocks [E, P] per layer, stripped Parameters per layer): layer by layer, so at most one
+    layer's experts exist twice at a time; each layer is given its weights back if a later step fails."""
+    hosts, kept = [], []
+    for x in originals:
+        E = x.num_experts
+        home = next(x.parameters()).device
         host = torch.empty((E, layout.numel), dtype=layout.dtype, pin_memory=device.type == "cuda")
         layout.pack(x, host)
-        layout.strip(x)
+        params = layout.strip(x)
+        undo.push(lambda x=x, host=host, params=params, home=home: layout.unpack(x, host, home, params))
         hosts.append(host)
-    if model_device != device:
-        model.to(device)  # the dense remainder only: the routed experts are already out
-    mp = measure_profile(model, layers, layout)
-    pool = ExpertPool(hosts, C, device)
-    for uid in start:
-        pool.load_now(uid)
-    meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({system}, residency {residency})",
-                     extra={"architecture": getattr(model.config, "model_type", "unknown"),
-                            "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
-                            "system": system, "capacity": C})
-    controller = Controller(sys_obj, L, E, K, meta)
-    manager = build_manager(sys_obj, model=mp, hardware=hw, capacity=C, start=start, observer=controller)
-    worker = CopyWorker(pool, copy_time_s(mp, hw) if emulate_link else None)
-    controller.attach(manager, pool, worker)
-    if control == "thread":
-        controller.mailbox = Mailbox(L, K, device)
-        controller.thread = ControlThread(controller, controller.mailbox, controller.lock)
-        pool.fence = lambda: controller.mailbox.progress
-    for l, (block, orig) in enumerate(zip(blocks, originals)):
-        block.experts = OffloadedExperts(orig, l, layout, pool, controller)
-    hooks = install_hooks(controller, model, [m.router for m in layers])
-    return OffloadRuntime(model, blocks, originals, layouts, pool, worker, controller, hooks, system=system,
-                          residency=residency, start=start, model_profile=mp, hardware=hw)
+        kept.append(params)
+    return hosts, kept

@@ -24,15 +24,36 @@ read by the experts kernels of the decode step, which take each routed expert fr
 -1, straight from its mapped host block over the link (`mapped.gather_rows`), so a miss never waits
 for a copy and needs nothing from the host. The copy worker copies on its own CUDA stream.
 
-When the control plane runs on its own thread (`control="thread"`), a slot can be released while
-decode steps the device is still running may read it: the table entry is cleared at once, but the
-slot is refilled only after the device has posted `FENCE_LAYERS` more layers of routing to the
-mailbox (`fence`), or once the device is idle. A read that saw the old entry belongs to a layer
-whose routing was posted before the release; every post follows the previous layer's expert
-reads in stream order, so that read is complete before the fence opens (the margin covers a post
-still in flight over the link when the release happened). In the inline mode releases happen on
-the model thread between its own reads; on CUDA a copy into a released slot waits for an event
-recorded on the model's stream at the release.
+When the control plane runs on its own thread (`control="thread"`) a slot can be released while
+device work queued earlier may still read it; the slot is refilled only once `fence.ReadFence`
+says no such read can remain. The argument, for a slot s whose owner u is released at version V:
+- Readers. A device read of s for u starts from the table entry u -> s, read either (i) on the
+  device, by a posted decode step (`gather_posted` resolves the K routed entries of the mapped
+  table in a kernel of their own, then reads the slots), or (ii) on the host by the model thread,
+  which then queues the read (prompt forwards: `rows`, by-slot windows). On CUDA a posting step
+  never takes (ii) (`OffloadedExperts` reads host rows there); on the CPU (ii) is synchronous.
+- Prompts. A prompt's pre-hook waits until the control thread has read every launched decode
+  step's routing, so every post queued before the prompt has run on the device before the prompt
+  queues anything; the control thread then stays idle until the next decode step is launched.
+- Release. Under the pool lock the entry is cleared, then the table version is bumped to V and
+  stored (host stores stay in order), then the release records (V, n): n, the forwards begun so
+  far (`begin` precedes a forward's device work; reading it under a lock is a full fence).
+- Acknowledgement. Each mailbox post (stream order: after the previous layer's reads, before its
+  own layer's) writes to host memory the version snapshot the previous post took, then takes a new
+  one. Say the host sees a >= V, written by post Q, snapshot by the post P before Q. P loaded the
+  version after the bump, so after the clear was visible: reads of type (i) resolved after P (a
+  later kernel) see the clear, so those that used u -> s precede P in stream order. A read of type
+  (ii) that used u -> s was queued before the release (a control-thread release happens while no
+  prompt runs, after the prompt; a model-thread release follows its own reads); P ran after the
+  release, so, by the prompts rule, P was queued after that read. Either way the read precedes P
+  and finished before Q started. The host may see acknowledgements late; that only delays refills.
+- Completion. Otherwise the refill waits until forwards 1..n have completed (a CUDA event recorded
+  after each forward's work; on the CPU its return): every read queued before the release is done,
+  and a forward begun after it reads the cleared entry. This ends the wait when decoding stops; an
+  interrupted forward is ended by `Controller.abort`.
+In the inline mode releases happen on the model thread between its own reads: on the CPU nothing
+can be in flight; on CUDA a copy into a released slot waits (on its stream) for an event recorded
+on the model's stream at the release.
 """
 
 from __future__ import annotations
@@ -45,11 +66,10 @@ import numpy as np
 import torch
 
 from seqmoe.errors import UserError
+from seqmoe.runtime.fence import ReadFence
 from seqmoe.runtime.mapped import device_view, gather_rows
 
 _NEAR = 16  # how far from its home slot `assign` looks for a free slot before taking any
-FENCE_LAYERS = 3
-"""Layers the device must post after a release (control thread) before the slot is refilled."""
 
 
 class ExpertPool:
@@ -59,9 +79,12 @@ class ExpertPool:
         hosts: per MoE layer, [E, P] packed experts on the host (the only copy).
         capacity: C, slots in the device pool.
         device: where the pool and the table live.
+        slots: the [C, P] device pool, when already allocated (`offload` allocates it first).
+        fence: thread mode: the `ReadFence` that releases wait on (None: inline mode).
     """
 
-    def __init__(self, hosts: list[torch.Tensor], capacity: int, device: torch.device) -> None:
+    def __init__(self, hosts: list[torch.Tensor], capacity: int, device: torch.device, *,
+                 slots: torch.Tensor | None = None, fence: ReadFence | None = None) -> None:
         if capacity < 1:
             raise UserError(f"the device pool needs at least one slot, got {capacity}")
         self.hosts = hosts
@@ -70,16 +93,18 @@ class ExpertPool:
         self.dtype = hosts[0].dtype
         self.device = device
         self.capacity = capacity
-        self.pool = torch.empty((capacity, self.numel), dtype=self.dtype, device=device)
+        if slots is None:
+            slots = torch.empty((capacity, self.numel), dtype=self.dtype, device=device)
+        self.pool = slots
         table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.table_host = table.numpy()  # written by the host only
         self.table = device_view(table, device)  # the same memory, as the device reads it
         self.hosts_device = [device_view(h, device) for h in hosts]
         self.device_reads = torch.zeros(2, dtype=torch.int64, device=device)  # (slot, host) reads of posted steps
         self._staging: torch.Tensor | None = None
-        self.fence: Callable[[], int] | None = None  # control thread: layers the device has posted
-        self.idle = True  # no device work that may read the pool is in flight (set by the model thread)
-        self._reuse_at = [-1] * capacity  # fence value from which a released slot may be refilled
+        self._slots_posted: torch.Tensor | None = None  # the K slots a posted gather resolved
+        self.fence = fence
+        self._reuse: list[tuple[int, int] | None] = [None] * capacity  # what a refill waits for (thread mode)
         self._lock = threading.Lock()
         self.slot_of: dict[int, int] = {}  # uid -> slot (assigned; maybe not yet copied)
         self.owner = [-1] * capacity
@@ -146,34 +171,33 @@ class ExpertPool:
             self.owner[slot] = -1
             self.loaded[slot] = False
             self._publish(layer, e, -1)
-        with self._lock:  # acquiring is a full memory fence: the cleared entry is visible before idle/progress are read
-            self._reuse_at[slot] = -1 if self.fence is None or self.idle else self.fence() + FENCE_LAYERS
+            if self.fence is not None:
+                self._reuse[slot] = self.fence.released(self.version)
         if self.fence is None and self.device.type == "cuda":
             ev = torch.cuda.Event()
             ev.record()  # reads of this slot queued so far on the model's stream
             self._released_at[slot] = ev
         self.free.add(slot)
 
-    def set_idle(self, idle: bool) -> None:
-        """The model thread: whether device work that may read the pool is in flight (False) or all done."""
-        with self._lock:
-            self.idle = idle
-
     def _publish(self, layer: int, e: int, slot: int) -> None:
         self.table_host[layer, e] = slot
         self.version += 1
+        if self.fence is not None:
+            self.fence.publish(self.version)  # after the table store (see the module docstring)
 
     # -- copy worker ----------------------------------------------------------------------------------
     def wanted(self, uid: int, slot: int, gen: int) -> bool:
         """The copy (uid -> slot, generation) is still current and not done yet."""
         return self.gen[slot] == gen and self.owner[slot] == uid and not self.loaded[slot]
 
-    def fill(self, uid: int, slot: int, gen: int) -> bool:
-        """Copy `uid`'s host block into `slot`, then publish it unless the slot changed hands; True if published."""
+    def fill(self, uid: int, slot: int, gen: int, stop: Callable[[], bool] = lambda: False) -> bool:
+        """Copy `uid`'s host block into `slot`, then publish it unless the slot changed hands; True if
+        published. Thread mode: first waits until no read of the slot's previous owner can remain
+        (or the copy went stale, or `stop()`)."""
         layer, e = self._split(uid)
         src, dst = self.hosts[layer][e], self.pool[slot]
-        while self._reuse_at[slot] >= 0 and not self.idle and self.fence() < self._reuse_at[slot]:
-            time.sleep(20e-6)  # the device may still read this slot for its previous owner
+        if not self._await_readers(uid, slot, gen, stop):
+            return False
         if self.device.type == "cuda":
             ev = self._released_at[slot]
             if ev is not None:
@@ -189,9 +213,23 @@ class ExpertPool:
             self._publish(layer, e, slot)
             return True
 
+    def _await_readers(self, uid: int, slot: int, gen: int, stop: Callable[[], bool]) -> bool:
+        token = self._reuse[slot]
+        if token is None:
+            return True
+        t0 = time.perf_counter()
+        while not self.fence.ready(token):
+            if stop() or not self.wanted(uid, slot, gen):
+                return False
+            # A few layers' worth of short sleeps, then longer ones: the wait ends when the device
+            # acknowledges or completes its work, so it never spins for long.
+            time.sleep(20e-6 if time.perf_counter() - t0 < 2e-3 else 500e-6)
+        return True
+
     # -- readers (experts forward, model thread) ---------------------------------------------------
-    def rows(self, layer: int, experts: list[int]) -> torch.Tensor:
-        """[n, P] packed weights of `experts` of `layer`: the pool slot when published, else the host block.
+    def rows(self, layer: int, experts: list[int], host_only: bool = False) -> torch.Tensor:
+        """[n, P] packed weights of `experts` of `layer`: the pool slot when published (unless
+        `host_only`), else the host block.
 
         The result is a transient gather buffer on the device, freed when the layer's experts are
         done: K experts for a decode step, up to E for a prompt forward. A fused kernel reading
@@ -202,7 +240,7 @@ class ExpertPool:
             return self.pool.new_empty((0, self.numel))
         table, host, parts = self.table_host[layer], self.hosts[layer], []
         for e in experts:
-            slot = int(table[e])
+            slot = -1 if host_only else int(table[e])
             if slot >= 0:
                 parts.append(self.pool[slot])
                 self.pool_reads += 1
@@ -214,13 +252,14 @@ class ExpertPool:
     def gather_posted(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
         """[K, P] rows of one position's routed `ids` [K] (device tensor), with no host value read:
         each from its slot, or on a miss from the mapped host block (`mapped.gather_rows`). The
-        reads are counted on the device (`device_reads`). The buffer is shared by all layers."""
+        reads are counted on the device (`device_reads`). The buffers are shared by all layers."""
         n = ids.shape[0]
         if self._staging is None or self._staging.shape[0] != n:
             self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
+            self._slots_posted = torch.empty((n,), dtype=torch.int32, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
         return gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), self._staging,
-                           self.device_reads)
+                           self.device_reads, self._slots_posted)
 
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""

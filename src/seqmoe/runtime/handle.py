@@ -1,0 +1,166 @@
+"""`OffloadRuntime`: the handle `seqmoe.offload` returns: stats, the routing trace, close, restore.
+
+    runtime.stats(); runtime.trace(); runtime.synchronize()
+    runtime.close()      # stop managing (threads, hooks); the model keeps reading its slots
+    runtime.restore()    # close, then the original experts modules with their weights back
+
+The model holds its runtime (`model._seqmoe_runtime`) while offloaded, so the handle may be
+dropped; once neither is reachable a finalizer stops the control and copy threads, which frees the
+pool. Teardown (`close`, `restore`) completes even under Ctrl-C: a SIGINT arriving during it is
+raised once it is done (`deferred_interrupts`), so the runtime is never left half torn.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from seqmoe.errors import UserError
+from seqmoe.manager import summarize
+from seqmoe.profiles import HardwareProfile, ModelProfile
+from seqmoe.runtime.experts import OffloadedExperts
+from seqmoe.runtime.signals import deferred_interrupts, shield_off
+from seqmoe.trace.schema import RoutingTrace
+
+def _shutdown(thread, worker) -> None:
+    """Stop the runtime's threads (finalizer: the runtime and its model are gone, or the process exits)."""
+    if thread is not None:
+        thread.close()
+    worker.close()
+
+
+class OffloadRuntime:
+    """Handle of one offloaded model: stats, the routing trace, restore. Built by `offload`."""
+
+    def __init__(self, model, layers, originals, layouts, kept, pool, worker, controller, hooks, *, system: str,
+                 residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile) -> None:
+        self.model, self._layers, self._originals, self._layouts = model, layers, originals, layouts
+        self._kept = kept  # per layer, the stripped Parameter objects `restore` refills
+        self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
+        self.system, self.residency, self.start = system, residency, start
+        self.capacity = pool.capacity
+        self.model_profile, self.hardware = model_profile, hardware
+        self.closed = self._restored = False
+        self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker)
+        model._seqmoe_runtime = self  # the model keeps its runtime alive while it is offloaded
+
+    @property
+    def control(self) -> str:
+        """Where the control plane runs: "inline" (in the router hooks) or "thread" (its own thread)."""
+        return "inline" if self.controller.thread is None else "thread"
+
+    def _catch_up(self) -> None:
+        """The state machine current with every step the model ran (thread mode: waits for the device)."""
+        if self.closed:
+            return
+        self.controller.abort()  # this thread's forward that was interrupted in a hook, if any
+        thread = self.controller.thread
+        if thread is not None:
+            thread.catch_up()
+            if self.pool.device.type == "cuda":
+                torch.cuda.synchronize(self.pool.device)  # the device's read counts are final
+
+    def trace(self) -> RoutingTrace:
+        """The routing of every position this runtime has served (prompt positions, then each decode step)."""
+        self._catch_up()
+        t = self.controller.trace()
+        if t is None:
+            raise UserError("the model has not run since offload(); call model.generate(...) first")
+        return t
+
+    @property
+    def host_s(self) -> float:
+        """Seconds the model thread spent orchestrating so far: hooks, control plane, the experts
+        wrapper outside the original forward and the gathers (perf_counter)."""
+        return self.controller.host_s + sum(e.host_s for e in self._wrappers())
+
+    @property
+    def gather_s(self) -> float:
+        """Seconds the experts wrappers spent gathering routed rows (slot or host block) into a buffer."""
+        return sum(e.gather_s for e in self._wrappers())
+
+    def _wrappers(self) -> list[OffloadedExperts]:
+        return [m.experts for m in self._layers if isinstance(m.experts, OffloadedExperts)]
+
+    def synchronize(self) -> None:
+        """Wait until the control plane has seen every step and every queued expert copy has run."""
+        self._catch_up()
+        self.worker.drain()
+
+    def stats(self) -> dict:
+        """The control plane's metrics (the simulator's summary on the virtual clock: `time_s`,
+        `sim_copies`) and the data plane's counts (`copies` and `bytes_copied` really run, reads).
+        Only reads: safe from another thread while the model runs."""
+        self._catch_up()
+        pool = self.pool
+        device_reads = pool.device_reads.tolist()
+        pool_reads, host_reads = pool.pool_reads + device_reads[0], pool.host_reads + device_reads[1]
+        counts = self.controller.driver.counts()
+        eb = pool.expert_bytes
+        tokens = counts.num_tokens
+        per_token = (lambda s: 1e6 * s / tokens) if tokens else (lambda s: 0.0)
+        summary = summarize(counts, expert_bytes=eb)
+        return {
+            "system": self.system, "residency": self.residency, "capacity": self.capacity,
+            "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": self.controller.K,
+            "tokens": tokens, "abandoned_tokens": self.controller.abandoned, **summary, "sim_copies": summary["copies"],
+            "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,
+            "bytes_copied": self.worker.copies * eb,
+            "control": self.control,
+            "pool_reads": pool_reads, "host_reads": host_reads,
+            "data_hit_rate": pool_reads / (pool_reads + host_reads) if pool_reads + host_reads else 0.0,
+            "peak_gathered_experts": pool.peak_gathered,
+            "resident_experts": len(pool.resident()),
+            "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
+            "host_expert_bytes": pool.host_bytes,
+            "host_us_per_token": per_token(self.host_s),
+            "gather_us_per_token": per_token(self.gather_s),
+            "device": str(pool.device),
+        }
+
+    def close(self) -> None:
+        """Stop the copy worker and the control thread and remove the hooks; the model keeps its
+        offloaded experts but stops being managed (every expert then reads from wherever its table
+        entry points). A control-thread error is raised after everything is shut down."""
+        if self.closed:
+            return
+        error = None
+        try:
+            self._catch_up()  # interruptible: only waits, changes nothing
+        except RuntimeError as e:  # the control thread failed: still shut everything down, then say so
+            error = e
+        with deferred_interrupts():
+            self._stop()
+        if error is not None:
+            raise error
+
+    def _stop(self) -> None:
+        """Hooks off first (the model then no longer drives the threads), then the threads; idempotent."""
+        for h in self._hooks:
+            h.remove()
+        self._finalizer()  # runs `_shutdown` once
+        if not self.closed:
+            shield_off()
+        self.closed = True
+
+    def restore(self) -> None:
+        """`close()`, then put the original experts modules back with their weights on the pool's device."""
+        if self._restored:
+            return
+        error = None
+        try:
+            self.close()
+        except RuntimeError as e:
+            error = e
+        with deferred_interrupts():
+            self._stop()
+            for m, orig, layout, host, kept in zip(self._layers, self._originals, self._layouts, self.pool.hosts,
+                                                   self._kept):
+                if m.experts is not orig:
+                    layout.unpack(orig, host, self.pool.device, kept)
+                    setattr(m.block, m.experts_attr, orig)
+            self.model.__dict__.pop("_seqmoe_runtime", None)
+            self._restored = True
+        if error is not None:
+            raise error

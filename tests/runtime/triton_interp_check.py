@@ -1,0 +1,59 @@
+"""The Triton kernels of `mapped` against the torch ops, on the CPU under TRITON_INTERPRET=1.
+
+    python -m tests.runtime.triton_interp_check      # prints "ok"; run by test_thread.py when triton is installed
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from seqmoe.runtime import mapped  # noqa: E402
+from seqmoe.runtime.fence import ReadFence  # noqa: E402
+from seqmoe.runtime.mailbox import Mailbox  # noqa: E402
+
+
+def check_resolve_and_gather(k: dict) -> None:
+    pool = torch.arange(3 * 3000, dtype=torch.float32).view(3, 3000)
+    host = -torch.arange(5 * 3000, dtype=torch.float32).view(5, 3000)
+    table = torch.tensor([0, 2, -1, -1, 1], dtype=torch.int32)
+    ids, reads = torch.tensor([4, 3, 0]), torch.zeros(2, dtype=torch.int64)
+    slots, out = torch.empty(3, dtype=torch.int32), torch.empty(3, 3000)
+    k["resolve"][(1,)](table, ids, slots, reads, 3, BK=4)
+    k["gather"][(3, -(-3000 // 1024))](pool, host, slots, ids, out, 3000, BLOCK=1024)
+    assert slots.tolist() == [1, -1, 0] and reads.tolist() == [2, 1]
+    assert torch.equal(out, torch.stack([pool[1], host[3], pool[0]]))
+
+
+def _posted(k: dict | None) -> tuple:
+    fence = ReadFence(torch.device("cpu"))
+    box = Mailbox(2, 3, torch.device("cpu"), fence, ring=4)
+    for step in range(5):
+        for layer in range(2):
+            fence.publish(10 * step + layer)
+            ids, w = torch.tensor([[step, layer, 7]]), torch.tensor([[0.5, 0.25, 0.25]])
+            tok = torch.tensor([40 + step]) if layer == 0 else None
+            if k is None:
+                box.post(layer, ids, w, tok)
+                continue
+            k["post"][(1,)](ids.view(-1), w.view(-1), tok if tok is not None else ids.view(-1), box.posts, box._d_ids,
+                            box._d_weights, box._d_tokens, box._d_seq, fence.snap, fence.version_dev, fence.acked_dev,
+                            layer, 2, 4, 3, HAS_TOKEN=tok is not None, HAS_FENCE=True, BK=4)
+    return (box.ids_np, box.weights_np, box.tokens_np, box.seq_np, int(box.posts), fence.acked(), int(fence.snap))
+
+
+def main() -> None:
+    k = mapped._build_kernels()
+    check_resolve_and_gather(k)
+    got, want = _posted(k), _posted(None)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want)), (got, want)
+    assert want[4:] == (10, 40, 41)
+    print("ok")
+
+
+if __name__ == "__main__":
+    main()
