@@ -20,6 +20,7 @@ from seqmoe.bench.plot import plot_results
 from seqmoe.bench.report import format_table, read_jsonl, write_jsonl
 from seqmoe.cli_predict import add_predict_commands
 from seqmoe.cli_runtime import add_runtime_commands
+from seqmoe.cli_serve import add_serve_commands
 from seqmoe.cli_trace import add_trace_commands
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_predict_commands(sub)
     add_trace_commands(sub)
     add_runtime_commands(sub)
+    add_serve_commands(sub)
     for action in sub.choices.values():
         action.add_argument("--no-progress", action="store_true", help="never show progress bars")
     return p

@@ -1,0 +1,123 @@
+"""`seqmoe serve`: an OpenAI-compatible HTTP server for an offloaded MoE model (src/seqmoe/serve/).
+
+    seqmoe serve --model seqmoe-tiny --residency 0.3 --system on-demand-lru --port 8000
+    curl -s localhost:8000/v1/completions -H 'Content-Type: application/json' \\
+        -d '{"model": "seqmoe-tiny", "prompt": "def parse(", "max_tokens": 32}'
+
+The model is loaded once on the CPU and offloaded as `seqmoe generate` does (same flags); one
+engine thread decodes one request at a time, the others wait in a FIFO queue (`--queue-limit`).
+`add_serve_commands(subparsers)` registers the command (src/seqmoe/cli.py). Bad input raises
+`UserError`; fastapi and uvicorn are the `serve` extra and are imported only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+from pathlib import Path
+
+from seqmoe.config import DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
+from seqmoe.errors import UserError
+
+
+def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
+    """Add `serve` to the main parser's subparsers."""
+    s = subparsers.add_parser(
+        "serve",
+        help="OpenAI-compatible HTTP server (completions, chat, streaming) for an offloaded model",
+        description="Load a MoE causal LM once, offload its routed experts (C = floor(R x L x E) device slots managed "
+        "by --system) and serve GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream: true as "
+        "server-sent events) and GET /stats. One request decodes at a time; the others wait in a FIFO queue.",
+    )
+    s.add_argument("--model", required=True, metavar="PATH_OR_NAME", help="model folder with config.json, or seqmoe-tiny")
+    s.add_argument("--residency", type=float, default=DEFAULT_RUNTIME_RESIDENCY,
+                   help=f"fraction of experts in device slots (default: {DEFAULT_RUNTIME_RESIDENCY})")
+    s.add_argument("--system", default=DEFAULT_SYSTEM, help=f"memory-management system (default: {DEFAULT_SYSTEM})")
+    s.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by systems "
+                   "that learn)")
+    s.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint of the seqmoe systems (default: one "
+                   "trained on --train once and cached)")
+    s.add_argument("--device", default=None, help="device of the pool and the dense layers (default: cuda when "
+                   "available, else cpu)")
+    s.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="weights dtype (default: auto, the checkpoint's)")
+    s.add_argument("--control", choices=("inline", "thread"), default=None,
+                   help="where the control plane runs (default: thread on cuda, inline on cpu)")
+    s.add_argument("--graph", action="store_true", help="decode greedy requests with DecodeGraph (a static cache "
+                   "and, on cuda, one CUDA graph per step; implies --control thread); their text arrives in one piece "
+                   "and a disconnect is seen only between requests. Sampled requests decode step by step")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port, printed)")
+    s.add_argument("--queue-limit", type=int, default=32, help="requests that may wait behind the running one; "
+                   "past it the server answers 429 (default: 32)")
+    s.add_argument("--context-length", type=int, default=None, help="prompt + completion tokens at most (default: the "
+                   "model's max_position_embeddings)")
+    s.add_argument("--chat-template", metavar="FILE", help="Jinja chat template for /v1/chat/completions (default: "
+                   "the tokenizer's; without one, chat requests get a 400)")
+    s.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the --model "
+                   "folder's name)")
+    s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
+                   help="uvicorn's log level (default: info: one line per request)")
+    s.set_defaults(func=run_serve)
+
+
+def _check_args(args) -> None:
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    if args.queue_limit < 0:
+        raise UserError(f"--queue-limit must be >= 0, got {args.queue_limit}")
+    if args.context_length is not None and args.context_length < 2:
+        raise UserError(f"--context-length must be >= 2, got {args.context_length}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be >= 1, got {args.threads}")
+    if args.graph and args.control == "inline":
+        raise UserError("--graph needs --control thread")
+    if args.chat_template and not Path(args.chat_template).is_file():
+        raise UserError(f"no chat template file at {args.chat_template}")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def run_serve(args) -> int:
+    _check_args(args)
+    try:
+        import uvicorn
+
+        from seqmoe.serve.api import create_app
+    except ImportError as e:
+        raise UserError(f"seqmoe serve needs fastapi and uvicorn ({e}); install them: pip install 'seqmoe[serve]'") from None
+    from seqmoe.serve.load import load_engine
+
+    sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
+    show = not args.no_progress and sys.stderr.isatty()
+    served = load_engine(args.model, residency=args.residency, system=args.system, train=args.train,
+                         predictor=args.predictor, device=args.device, dtype=args.dtype, control=args.control,
+                         graph=args.graph, threads=args.threads, queue_limit=args.queue_limit,
+                         context_length=args.context_length, chat_template=args.chat_template,
+                         name=args.served_model_name, progress=show)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+    print(f"seqmoe: serving {served.name} on {url}/v1 ({served.summary}); stats at {url}/stats", file=sys.stderr,
+          flush=True)
+    app = create_app(served.engine, served.tokenizer, model_name=served.name, context_length=served.context_length,
+                     temperature=served.temperature, top_p=served.top_p)
+    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        served.close()
+        sock.close()
+    return 0

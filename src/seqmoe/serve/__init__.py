@@ -1,0 +1,10 @@
+"""`seqmoe serve`: an OpenAI-compatible HTTP server for an offloaded MoE model.
+
+    HTTP handlers (api) ──► FIFO of jobs ──► Engine thread (engine) ──► offloaded model (seqmoe.runtime)
+          ▲                                        │
+          └──── text deltas, finish, usage ◄───────┘
+
+`load` loads and offloads the model and starts its `Engine`; `api.create_app` is the FastAPI app;
+`sampling` holds the pure parts (token choice, stop sequences). Needs the `serve` extra
+(fastapi, uvicorn) besides torch and transformers.
+"""
