@@ -17,7 +17,7 @@ from seqmoe.manager.compiled import engine, ops
 from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_uses, forecast_update, keep_values,
                                                victim_at)
 from seqmoe.manager.compiled.layout import (
-    CANDS, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, L_, LEAD, MARGIN, MAX_JOBS, MAX_TRIES,
+    CANDS, CANDS_USE, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, L_, LEAD, MARGIN, MAX_JOBS, MAX_TRIES,
     MEMO_MUT, MEMO_STEP, MEMO_VERSION, MUT, NJOBS, NMEMO, NOW, PACE, PF_QUEUED, POL_STEP, STEP, TOKEN_S, UNUSED, VALUES,
     VERSION,
 )
@@ -103,7 +103,9 @@ def _most_valuable(values, uids, k, scratch):
 def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF):
     """Candidate copies into JI / JF (see the module doc); how many."""
     a = candidates(I, F, S, G, TAB, DISC)  # absent, forecast with p >= min_prob ahead
-    if a == 0:
+    # A job's profit value - (1 - value) cost exceeds the margin only if its use probability
+    # (value) does, whatever its cost (>= 0): without such a candidate no pairing can make a job.
+    if a == 0 or G[CANDS_USE] <= G[MARGIN]:
         return 0
     uids = I[CANDS, :a]
     values = F[VALUES]

@@ -23,7 +23,7 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled.layout import (
-    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CHEAP_MUT, CHEAP_STEP, CHEAP_VERSION, COSTS, COSTS_N, DIRTY, E_,
+    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, CHEAP_MUT, CHEAP_STEP, CHEAP_VERSION, COSTS, COSTS_N, DIRTY, E_,
     F_FIRST,
     F_LAST, FIRST_USE, GEOM, L_, LAST_STEP, LAYER, MAX_HARM, MIN_PROB, MUT, NCANDS, NDIRTY, NRES,
     NUM_GAP_CLASSES, NUSES, P_A, P_B, PINNED, POL_STEP, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, PRESENT,
@@ -175,6 +175,7 @@ def refresh(I, F, S, G, TAB, DISC, need_ahead):
     prior = _priors(I, F, S, TAB, end) if do_v else F[PRIOR]
     values, min_prob = F[VALUES], G[MIN_PROB]
     nu = na = 0
+    top_use = 0.0
     for l in range(L):
         a, b = _first_positions(S, l)
         in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
@@ -195,11 +196,15 @@ def refresh(I, F, S, G, TAB, DISC, need_ahead):
                 I[USES, nu] = u
                 nu += fu >= 0
                 I[CANDS, na] = u
-                na += fu >= 0 and not I[PRESENT, u]
+                cand = fu >= 0 and not I[PRESENT, u]
+                na += cand
+                if cand:
+                    top_use = max(top_use, 1.0 - F[UNUSED, u])
     if do_v:
         S[VAL_STEP], S[VAL_VERSION] = cur, version
     if do_a:
         S[NUSES], S[NCANDS] = nu, na
+        G[CANDS_USE] = top_use
         S[AHEAD_STEP], S[AHEAD_VERSION], S[CANDS_MUT] = cur, version, mut
 
 
@@ -233,15 +238,19 @@ def keep_values(I, F, S, G, TAB, DISC):
 
 @jit
 def candidates(I, F, S, G, TAB, DISC):
-    """The CANDS list (absent uids forecast with p >= min_prob ahead, increasing), current; its length."""
+    """The CANDS list (absent uids forecast with p >= min_prob ahead, increasing), current, and
+    G[CANDS_USE], the highest P(use within the forecast) among them; its length."""
     refresh(I, F, S, G, TAB, DISC, True)
     if S[CANDS_MUT] != S[MUT]:
-        na = 0
+        na, top_use = 0, 0.0
         for i in range(S[NUSES]):
             u = I[USES, i]
-            I[CANDS, na] = u
-            na += not I[PRESENT, u]
+            if not I[PRESENT, u]:
+                I[CANDS, na] = u
+                na += 1
+                top_use = max(top_use, 1.0 - F[UNUSED, u])
         S[NCANDS], S[CANDS_MUT] = na, S[MUT]
+        G[CANDS_USE] = top_use
     return S[NCANDS]
 
 

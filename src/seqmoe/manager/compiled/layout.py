@@ -69,7 +69,8 @@ COSTS_N = 64
 NOW, FREE_AT, PACE, STALL = 0, 1, 2, 3
 COPY_S, LAYER_S, TOKEN_S, PACE_WEIGHT = 4, 5, 6, 7
 TAU, FLOOR, MIN_PROB, MARGIN, MAX_HARM, LEAD = 8, 9, 10, 11, 12, 13
-NG = 14
+CANDS_USE = 14  # forecast policy: the highest P(use within the forecast) among CANDS
+NG = 15
 
 # -- kinds ------------------------------------------------------------------------------------------
 POLICY_LRU, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS = 0, 1, 2
