@@ -7,6 +7,7 @@ therefore reassociated and differ from numpy's BLAS in the last bits. The refere
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numba as nb
@@ -83,3 +84,17 @@ def refresh_rows(base, q_acc, q_layer, norm_w, norm_b, mlp_w, mlp_b, out_w, out_
         for e in range(E):
             row[e] = _dot(out_w[r * E + e], z) + out_b[r * E + e]
         _probs(row, K)
+
+
+@functools.cache
+def warm_up() -> None:
+    """Call each kernel once with the argument types `SeqPredictor` passes: numba loads a cached
+    kernel at its first call (a tenth of a second), which must not land in timed decisions."""
+    f32 = np.float32
+    Z, E = 4, 3
+    vec, mat = np.zeros(Z, f32), np.zeros((2 * E, Z), f32)
+    add_rows(vec, mat, 0, np.zeros(1, np.int16))
+    query(vec, vec, vec, np.zeros((Z, Z), f32), vec)
+    probs_rows(np.zeros((1, E), f32), 1, np.zeros((1, E), f32))
+    refresh_rows(vec, vec, vec, vec, vec, np.zeros((Z, Z), f32), vec, mat, np.zeros(2 * E, f32), 0, 1, E, 1,
+                 np.zeros((2, E), f32))

@@ -164,6 +164,8 @@ class SeqPredictor:
         self.config = config
         self.info = info or {}
         self.window = window
+        if window is not None:
+            kernels.warm_up()
         self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
         self.L, self.E, self.K = config.num_layers, config.num_experts, config.top_k
         self._unknown = config.hash_buckets

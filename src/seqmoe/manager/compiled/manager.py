@@ -17,6 +17,7 @@ from seqmoe.manager.compiled.layout import (
     POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCH_DEADLINE, PREFETCH_NONE, PREFETCHER, PREFETCHES, PRESENT, QSEQ,
     READY, STALL, STARTED, STEP, TAU, TOKEN_S, UCLASS, WASTED,
 )
+from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
 from seqmoe.manager.state import PACE_WEIGHT as PACE_W
 from seqmoe.manager.state import ManagerBase
@@ -59,6 +60,7 @@ class CompiledManager(ManagerBase):
         super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
         if not compilable(system):
             raise ValueError(f"system {system.name!r} cannot run compiled; use MemoryManager")
+        warm_up()  # load the kernels now, not inside the first decisions' time
         L, E, K = self.num_layers, self.num_experts, self.top_k
         n = L * E
         self.I = np.zeros((NI, n), np.int64)
