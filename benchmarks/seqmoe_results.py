@@ -9,9 +9,9 @@ profile it writes `OUT/HARDWARE.jsonl` (one row per system and residency), the p
 `OUT/RESULTS.md`; the tables are also printed, then one JSON line with the rows' file names.
 
 Without --predictor it trains the forecaster on the training prompts once (about 10 minutes) and
-caches it (`seqmoe.predict.cache`). The seqmoe systems decide in Python for every layer, so a
-replay of the full test split takes minutes each: --max-tokens (default 1000, 0 = all) replays
-the first N test tokens, the same for every system. Exits 0 with a note when ../shared is absent.
+caches it (`seqmoe.predict.cache`). --max-tokens (default 1000, 0 = all) replays the first N test
+tokens, the same for every system: the Python-only systems (seqmoe-greedy-prefetch,
+seqmoe-oracle-forecast) take 10-45 ms per token. Exits 0 with a note when ../shared is absent.
 """
 
 from __future__ import annotations
