@@ -22,6 +22,26 @@ from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_RE
 from seqmoe.errors import UserError
 
 
+def add_offload_flags(p: argparse.ArgumentParser) -> None:
+    """The flags `generate` and `serve` share: the model, how it is offloaded, torch's threads."""
+    p.add_argument("--model", required=True, metavar="PATH_OR_NAME", help="model folder with config.json, or seqmoe-tiny")
+    p.add_argument("--residency", type=float, default=DEFAULT_RUNTIME_RESIDENCY,
+                   help=f"fraction of experts in device slots (default: {DEFAULT_RUNTIME_RESIDENCY})")
+    p.add_argument("--system", default=DEFAULT_SYSTEM, help=f"memory-management system (default: {DEFAULT_SYSTEM})")
+    p.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by "
+                   "systems that learn, e.g. affinity-style)")
+    p.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint of the seqmoe systems (default: one "
+                   "trained on --train once and cached)")
+    p.add_argument("--device", default=None, help="device of the pool and the dense layers (default: cuda when "
+                   "available, else cpu)")
+    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
+                   help="weights dtype (default: auto, the checkpoint's)")
+    p.add_argument("--control", choices=("inline", "thread"), default=None,
+                   help="where the control plane runs: in the router hooks (inline, synchronises each layer) or on "
+                   "its own thread fed by a routing mailbox (default: thread on cuda, inline on cpu)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
 def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     """Add `generate` to the main parser's subparsers."""
     gen = subparsers.add_parser(
@@ -30,28 +50,13 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Load a MoE causal LM, offload its routed experts (C = floor(R x L x E) device slots managed "
         "by --system), generate greedily from --prompt and print the text, tokens/s, hit rate and memory.",
     )
-    gen.add_argument("--model", required=True, metavar="PATH_OR_NAME", help="model folder with config.json, or seqmoe-tiny")
+    add_offload_flags(gen)
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt")
-    gen.add_argument("--residency", type=float, default=DEFAULT_RUNTIME_RESIDENCY,
-                     help=f"fraction of experts in device slots (default: {DEFAULT_RUNTIME_RESIDENCY})")
-    gen.add_argument("--system", default=DEFAULT_SYSTEM, help=f"memory-management system (default: {DEFAULT_SYSTEM})")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
-    gen.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by "
-                     "systems that learn, e.g. affinity-style)")
-    gen.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint of the seqmoe systems (default: one "
-                     "trained on --train once and cached)")
-    gen.add_argument("--device", default=None, help="device of the pool and the dense layers (default: cuda when "
-                     "available, else cpu)")
-    gen.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                     help="weights dtype (default: auto, the checkpoint's)")
     gen.add_argument("--bandwidth", type=float, default=None, help="host->device bytes/s of the cost model")
     gen.add_argument("--hardware", default=None, help=f"hardware profile of the cost model (default: {DEFAULT_HARDWARE})")
-    gen.add_argument("--control", choices=("inline", "thread"), default=None,
-                     help="where the control plane runs: in the router hooks (inline, synchronises each layer) or on "
-                     "its own thread fed by a routing mailbox (default: thread on cuda, inline on cpu)")
     gen.add_argument("--graph", action="store_true", help="decode with DecodeGraph: a static cache and, on cuda, the "
                      "decode step captured once as a CUDA graph (implies --control thread)")
-    gen.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
     gen.set_defaults(func=run_generate)
 

@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
-from seqmoe.config import DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
+from seqmoe.cli_runtime import add_offload_flags
 from seqmoe.errors import UserError
 
 
@@ -30,24 +30,10 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
         "by --system) and serve GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream: true as "
         "server-sent events) and GET /stats. One request decodes at a time; the others wait in a FIFO queue.",
     )
-    s.add_argument("--model", required=True, metavar="PATH_OR_NAME", help="model folder with config.json, or seqmoe-tiny")
-    s.add_argument("--residency", type=float, default=DEFAULT_RUNTIME_RESIDENCY,
-                   help=f"fraction of experts in device slots (default: {DEFAULT_RUNTIME_RESIDENCY})")
-    s.add_argument("--system", default=DEFAULT_SYSTEM, help=f"memory-management system (default: {DEFAULT_SYSTEM})")
-    s.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by systems "
-                   "that learn)")
-    s.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint of the seqmoe systems (default: one "
-                   "trained on --train once and cached)")
-    s.add_argument("--device", default=None, help="device of the pool and the dense layers (default: cuda when "
-                   "available, else cpu)")
-    s.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="weights dtype (default: auto, the checkpoint's)")
-    s.add_argument("--control", choices=("inline", "thread"), default=None,
-                   help="where the control plane runs (default: thread on cuda, inline on cpu)")
+    add_offload_flags(s)
     s.add_argument("--graph", action="store_true", help="decode greedy requests with DecodeGraph (a static cache "
                    "and, on cuda, one CUDA graph per step; implies --control thread); their text arrives in one piece "
                    "and a disconnect is seen only between requests. Sampled requests decode step by step")
-    s.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port, printed)")
     s.add_argument("--queue-limit", type=int, default=32, help="requests that may wait behind the running one; "
