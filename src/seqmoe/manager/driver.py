@@ -49,7 +49,8 @@ class Driver:
         (`takes_arrays`: an int64 array, else a list). The clock moves to when the layer's experts can start."""
         if uids is None:
             if int(ids.max()) >= self.E or int(ids.min()) < 0:
-                raise UserError(f"an expert index outside 0..{self.E - 1} was routed: expert parallelism is not supported")
+                raise UserError(f"an expert index outside 0..{self.E - 1} was routed: expert parallelism is "
+                                "not supported")
             uids = ids.astype(np.int64) + self._base[layer]
             if not self.manager.takes_arrays:
                 uids = uids.tolist()

@@ -17,9 +17,9 @@ from seqmoe.manager.compiled import engine, ops
 from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_uses, forecast_update, keep_values,
                                                victim_at)
 from seqmoe.manager.compiled.layout import (
-    CANDS, CANDS_USE, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, L_, LEAD, MARGIN, MAX_JOBS, MAX_TRIES,
-    MEMO_MUT, MEMO_STEP, MEMO_VERSION, MUT, NJOBS, NMEMO, NOW, PACE, PF_QUEUED, POL_STEP, STEP, TOKEN_S, UNUSED, VALUES,
-    VERSION,
+    CANDS, CANDS_USE, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, LEAD, L_, MARGIN, MAX_JOBS,
+    MAX_TRIES, MEMO_MUT, MEMO_STEP, MEMO_VERSION, MUT, NJOBS, NMEMO, NOW, PACE, PF_QUEUED, POL_STEP, STEP, TOKEN_S,
+    UNUSED, VALUES, VERSION,
 )
 
 jit = nb.njit(cache=True)
@@ -154,7 +154,8 @@ def _cancel_stale(I, F, S, G, EV, TAB, DISC):
 
 @jit
 def plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast):
-    """`DeadlinePrefetcher.plan`: re-plan and issue the head of the plan (a forecast was just loaded if `new_forecast`)."""
+    """`DeadlinePrefetcher.plan`: re-plan and issue the head of the plan (`new_forecast`: a forecast
+    was just loaded)."""
     forecast_update(S, new_forecast, S[STEP])
     if new_forecast:
         _cancel_stale(I, F, S, G, EV, TAB, DISC)

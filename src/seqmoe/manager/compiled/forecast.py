@@ -10,11 +10,12 @@ A forecast covers positions F_FIRST..F_LAST (at most 2 L of them): uid u of laye
 position a(u), the first at or after F_FIRST of layer l, with probability P_A[u], and a(u) + L
 with P_B[u], as `load_forecast` writes them: 0 below the floor (no entry), clipped at 1.
 
-Per (position, forecast) one pass computes the keep values and what depends on the entries alone
-(each uid's first use of p >= min_prob and first position where it is likely used, and the lists
-of both). The reference computes keep values lazily at their first use; computing them earlier is
-the same as long as no use or load happens in between, which holds for every caller here: the
+Per (position, forecast) one pass (`refresh`) computes the keep values and the scheduler's
+candidates. The reference computes keep values lazily at their first use; computing them earlier
+is the same as long as no use or load happens in between, which holds for every caller here: the
 scheduler's calls all come before its first issue, and the demand victims' after the layer's hits.
+Whether a resident is likely used before a position is worked out where it is asked
+(`victim_at`), only for the layers that come before that position.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled.layout import (
-    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, CHEAP_MUT, CHEAP_STEP, CHEAP_VERSION, COSTS, COSTS_N, DIRTY, E_,
-    F_FIRST,
-    F_LAST, FIRST_USE, GEOM, L_, LAST_STEP, LAYER, MAX_HARM, MIN_PROB, MUT, NCANDS, NDIRTY, NRES,
-    NUM_GAP_CLASSES, NUSES, P_A, P_B, PINNED, POL_STEP, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, PRESENT,
-    PREV_GAP, PRIOR, PRIOR_END, TICK, UCLASS, UNUSED, USES, VAL_STEP, VAL_VERSION, VALUES, VERSION,
+    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, COSTS, COSTS_MUT, COSTS_N, COSTS_STEP, COSTS_VERSION,
+    DIRTY, E_, FIRST_USE, F_FIRST, F_LAST, GEOM, LAST_STEP, LAYER, L_, MAX_HARM, MIN_PROB, MUT, NCANDS, NCOSTS,
+    NDIRTY, NUM_GAP_CLASSES, NUSES, PINNED, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT,
+    PREV_GAP, PRIOR, PRIOR_END, P_A, P_B, TICK, UCLASS, UNUSED, USES, VALUES, VAL_STEP, VAL_VERSION, VERSION,
 )
 from seqmoe.manager.compiled.recency import least_recent
 
@@ -71,7 +71,8 @@ def load_forecast(I, F, S, steps, probs, floor):
 
 @jit
 def cheapest_resident(I, values, skip):
-    """The resident uid with the lowest value, ties by least recent use; uids with `skip` set are left out; -1 if none."""
+    """The resident uid with the lowest value, ties by least recent use, leaving out uids with `skip`
+    set; -1 if none."""
     best, v, tick = -1, np.inf, 0
     for u in range(values.shape[0]):
         if not I[PRESENT, u] or skip[u]:
@@ -160,8 +161,9 @@ def _entries(F, u, in_a, in_b):
 @jit
 def refresh(I, F, S, G, TAB, DISC, need_ahead):
     """Bring the per-(position, forecast) results up to date in one pass over the uids: the keep
-    values F[VALUES] (F[UNUSED]: P(no forecast use)) and, with `need_ahead`, I[FIRST_USE] (first position ahead forecast with p >= min_prob, -1:
-    none) with the lists USES (uids with one, increasing) and CANDS (the absent ones among them).
+    values F[VALUES] (F[UNUSED]: P(no forecast use)) and, with `need_ahead`, I[FIRST_USE] (first
+    position ahead forecast with p >= min_prob, -1: none) with the lists USES (uids with one,
+    increasing) and CANDS (the absent ones among them, G[CANDS_USE] their highest use probability).
 
     An entry outside the forecast, or at or before the current position, counts as p = 0: adding 0
     and multiplying by 1 leave the running sums exactly as skipping it would, without a branch."""
@@ -293,7 +295,7 @@ def cheapest_values(I, F, S, G, TAB, DISC, n, out):
     """The `n` (<= COSTS_N) lowest keep values of the residents, pinned or not, ascending into `out`;
     how many. Cached per (position, forecast, state)."""
     values = keep_values(I, F, S, G, TAB, DISC)
-    if not (S[CHEAP_STEP] == S[POL_STEP] and S[CHEAP_VERSION] == S[VERSION] and S[CHEAP_MUT] == S[MUT]):
+    if not (S[COSTS_STEP] == S[POL_STEP] and S[COSTS_VERSION] == S[VERSION] and S[COSTS_MUT] == S[MUT]):
         heap = F[COSTS]  # a max-heap of the lowest values so far, sorted at the end
         L, E, cur, m = S[L_], S[E_], S[POL_STEP], 0
         for j in range(L):  # farthest layer first: the lowest values come early
@@ -308,9 +310,9 @@ def cheapest_values(I, F, S, G, TAB, DISC, n, out):
                 elif x < heap[0]:
                     _heap_replace_max(heap, m, x)
         heap[:m] = np.sort(heap[:m])
-        S[NRES] = m
-        S[CHEAP_STEP], S[CHEAP_VERSION], S[CHEAP_MUT] = S[POL_STEP], S[VERSION], S[MUT]
-    m = min(n, S[NRES])
+        S[NCOSTS] = m
+        S[COSTS_STEP], S[COSTS_VERSION], S[COSTS_MUT] = S[POL_STEP], S[VERSION], S[MUT]
+    m = min(n, S[NCOSTS])
     out[:m] = F[COSTS, :m]
     return m
 

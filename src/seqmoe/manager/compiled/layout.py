@@ -2,7 +2,7 @@
 
 Numba compiles these names as constants. Per-uid fields are rows of `I` (int64 [NI, L * E]) and
 `F` (float64 [NF, L * E]); scalars live in `S` (int64 [NS]) and `G` (float64 [NG]). The copy
-engine's queues are rings and a binary heap over their own arrays (`Queues`). Events for the
+engine's queues are rings (DQ, RQI / RQF) and a binary heap (PH) over arrays of their own (`engine`). Events for the
 observer (the runtime's data plane) go to `EV` (int64 [cap, 3]: kind, uid, deadline step).
 """
 
@@ -24,12 +24,11 @@ PF_QUEUED = 11  # deadline scheduler: position a prefetch was issued for (-1: no
 ADDED = 12  # scratch: pinned at the start of the current layer
 LAYER = 13  # static: layer of the uid
 UCLASS = 14  # static: frequency class of the uid in the reuse table
-CAND = 15  # scratch: flags
-FIRST_USE = 16  # forecast policy: first position ahead forecast with p >= min_prob (-1: none)
-DIRTY = 17  # forecast policy: uids whose prior changed since it was computed (a stack, NDIRTY long)
-USES = 18  # forecast policy: the uids with a FIRST_USE, increasing (NUSES of them)
-CANDS = 19  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
-NI = 20
+FIRST_USE = 15  # forecast policy: first position ahead forecast with p >= min_prob (-1: none)
+DIRTY = 16  # forecast policy: uids whose prior changed since it was computed (a stack, NDIRTY long)
+USES = 17  # forecast policy: the uids with a FIRST_USE, increasing (NUSES of them)
+CANDS = 18  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
+NI = 19
 
 # -- per-uid float fields (rows of F) -------------------------------------------------------------
 DONE_AT = 0  # engine: completion time of a started, unfinished copy
@@ -39,10 +38,9 @@ VALUES = 3  # forecast policy: cached keep values
 UNUSED = 4  # forecast policy: cached P(no forecast use)
 GEOM = 5  # static: the prior beyond the horizon without a reuse table
 FINISH = 6  # scratch: demand-copy finish times
-SCRATCH = 7
-PRIOR = 8  # forecast policy: cached prior beyond the horizon (for the forecast end PRIOR_END)
-COSTS = 9  # forecast policy: the COSTS_N lowest keep values of the residents, ascending
-NF = 10
+PRIOR = 7  # forecast policy: cached prior beyond the horizon (for the forecast end PRIOR_END)
+COSTS = 8  # forecast policy: the COSTS_N lowest keep values of the residents, ascending
+NF = 9
 
 # -- int scalars (S) ------------------------------------------------------------------------------
 L_, E_, K_, CAP, NUM_PRESENT, STEP = 0, 1, 2, 3, 4, 5
@@ -57,10 +55,10 @@ POLICY, PREFETCHER, NUM_GAP_CLASSES = 31, 32, 33  # kinds (below)
 JOBS_KEY_STEP, JOBS_KEY_VERSION, JOBS_KEY_MUT, NJOBS = 34, 35, 36, 37  # deadline scheduler's cached candidates
 MAX_JOBS, MAX_TRIES = 38, 39  # deadline scheduler's limits
 PRIOR_END, NDIRTY, AHEAD_STEP, AHEAD_VERSION = 40, 41, 42, 43  # forecast policy caches
-NUSES, CANDS_MUT, CHEAP_STEP, CHEAP_VERSION, CHEAP_MUT = 44, 45, 47, 48, 49  # CHEAP_*: COSTS' key
-MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 50, 51, 52, 53  # deadline scheduler's victim_at answers
-NCANDS, NRES = 54, 55  # NRES: how many COSTS
-NS = 56
+NUSES, CANDS_MUT, COSTS_STEP, COSTS_VERSION, COSTS_MUT = 44, 45, 46, 47, 48  # COSTS_*: the COSTS' key
+MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 49, 50, 51, 52  # deadline scheduler's victim_at answers
+NCANDS, NCOSTS = 53, 54
+NS = 55
 
 COSTS_N = 64
 """Lowest resident keep values kept for the scheduler (it pairs at most max_jobs candidates with them)."""
@@ -68,9 +66,9 @@ COSTS_N = 64
 # -- float scalars (G) ----------------------------------------------------------------------------
 NOW, FREE_AT, PACE, STALL = 0, 1, 2, 3
 COPY_S, LAYER_S, TOKEN_S, PACE_WEIGHT = 4, 5, 6, 7
-TAU, FLOOR, MIN_PROB, MARGIN, MAX_HARM, LEAD = 8, 9, 10, 11, 12, 13
-CANDS_USE = 14  # forecast policy: the highest P(use within the forecast) among CANDS
-NG = 15
+FLOOR, MIN_PROB, MARGIN, MAX_HARM, LEAD = 8, 9, 10, 11, 12
+CANDS_USE = 13  # forecast policy: the highest P(use within the forecast) among CANDS
+NG = 14
 
 # -- kinds ------------------------------------------------------------------------------------------
 POLICY_LRU, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS = 0, 1, 2
@@ -78,4 +76,4 @@ PREFETCH_NONE, PREFETCH_DEADLINE = 0, 1
 EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT = 1, 2, 3, 4
 
 # -- errors returned by the kernels -----------------------------------------------------------------
-OK, ERR_NO_SLOT, ERR_QUEUE = 0, 1, 2
+OK, ERR_NO_SLOT = 0, 1

@@ -11,11 +11,11 @@ from seqmoe.cache.lru import LRUPolicy
 from seqmoe.errors import UserError
 from seqmoe.manager.compiled import engine, recency, step
 from seqmoe.manager.compiled.layout import (
-    CANCELLED, CAP, COPY_S, DONE_AT, E_, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, F_FIRST, FLOOR,
-    GEOM, JOBS_KEY_STEP, MEMO_STEP, K_, L_, LATE, LAYER, LAYER_S, LEAD, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MIN_PROB, MISSES,
-    NEV, NF, NG, NI, NS, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY, POLICY_FORECAST,
-    POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCH_DEADLINE, PREFETCH_NONE, PREFETCHER, PREFETCHES, PRESENT, QSEQ,
-    READY, STALL, STARTED, STEP, TAU, TOKEN_S, UCLASS, WASTED,
+    CANCELLED, CAP, COPY_S, DONE_AT, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, E_, FLOOR, F_FIRST, GEOM,
+    JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB,
+    MISSES, NEV, NF, NG, NI, NS, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY,
+    POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE,
+    PREFETCH_NONE, PRESENT, QSEQ, READY, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
 )
 from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
@@ -104,7 +104,7 @@ class CompiledManager(ManagerBase):
         if S[POLICY] == POLICY_LRU:
             return
         L = self.num_layers
-        G[TAU], G[FLOOR] = policy.tau, policy.floor
+        G[FLOOR] = policy.floor
         F[GEOM] = policy._geometric
         # exp(-d / tau), exp(d / tau) for every distance the policy looks up (at most 3 L), as the reference's
         self.DISC = discount_table(policy.tau, 8 * L + 64)

@@ -12,8 +12,8 @@ import numpy as np
 
 from seqmoe.manager.compiled import deadline, engine, forecast, ops
 from seqmoe.manager.compiled.layout import (
-    ADDED, CAP, DONE_AT, ERR_NO_SLOT, NUM_PRESENT, POL_STEP, EV_PROMOTE, FINISH, LATE, LAYER_S, MISSES, NOW, OK, PACE, PACE_WEIGHT, PENDING,
-    PINNED, PREFETCH_DEADLINE, PREFETCHER, PRESENT, READY, STALL, STEP, UNUSED_PF,
+    ADDED, CAP, DONE_AT, ERR_NO_SLOT, EV_PROMOTE, FINISH, LATE, LAYER_S, MISSES, NOW, NUM_PRESENT, OK, PACE,
+    PACE_WEIGHT, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READY, STALL, STEP, UNUSED_PF,
 )
 from seqmoe.manager.compiled.forecast import demand_victims
 from seqmoe.manager.compiled.recency import policy_access
