@@ -11,7 +11,7 @@ from seqmoe.cache.lru import LRUPolicy
 from seqmoe.errors import UserError
 from seqmoe.manager.compiled import engine, recency, step
 from seqmoe.manager.compiled.layout import (
-    CANCELLED, CAP, COPY_S, DONE_AT, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, E_, FLOOR, F_FIRST, GEOM,
+    CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, E_, FLOOR, F_FIRST, GEOM,
     JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB,
     MISSES, NEV, NF, NG, NI, NS, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY,
     POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE,
@@ -42,7 +42,8 @@ def compilable(system) -> bool:
     pre, pred = system.prefetcher, system.predictor
     if pre is None:  # a predictor only observes: no forecast reaches the policy
         return True
-    if type(pre) is not DeadlinePrefetcher or pre.policy is not system.policy or kind == POLICY_LRU:
+    if (type(pre) is not DeadlinePrefetcher or pre.policy is not system.policy or kind == POLICY_LRU
+            or pre.max_jobs > COSTS_N):
         return False
     horizon = getattr(pred, "horizon", None)
     return pred is not None and horizon is not None and horizon <= 2 * system.policy._L
