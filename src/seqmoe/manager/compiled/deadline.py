@@ -3,8 +3,8 @@ compiled forecast policy, the same candidates, plan, issue order and victims as 
 
 Scratch: JI int64 [2, max_jobs] and JF float64 [2, max_jobs] hold the cached candidates (uid,
 deadline step; expected hits, profit) and MI int64 [3, 4 max_tries] the answers of `victim_at`,
-both valid while the policy's (position, forecast, state) key holds; WI int64 [3, L * E] and WF
-float64 [3, L * E] are working space.
+both valid while the policy's (position, forecast, state) key holds; WF float64 [2, L * E] is
+working space.
 """
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ def _most_valuable(values, uids, k, scratch):
 
 
 @jit
-def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF):
+def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WF):
     """Candidate copies into JI / JF (see the module doc); how many."""
     a = candidates(I, F, S, G, TAB, DISC)  # absent, forecast with p >= min_prob ahead
     # A job's profit value - (1 - value) cost exceeds the margin only if its use probability
@@ -127,9 +127,9 @@ def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF):
 
 
 @jit
-def _jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF):
+def _jobs(I, F, S, G, TAB, DISC, JI, JF, WF):
     if S[JOBS_KEY_STEP] != S[POL_STEP] or S[JOBS_KEY_VERSION] != S[VERSION] or S[JOBS_KEY_MUT] != S[MUT]:
-        S[NJOBS] = _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF)
+        S[NJOBS] = _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WF)
         S[JOBS_KEY_STEP], S[JOBS_KEY_VERSION], S[JOBS_KEY_MUT] = S[POL_STEP], S[VERSION], S[MUT]
     return S[NJOBS]
 
@@ -153,7 +153,7 @@ def _cancel_stale(I, F, S, G, EV, TAB, DISC):
 
 
 @jit
-def plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast):
+def plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, new_forecast):
     """`DeadlinePrefetcher.plan`: re-plan and issue the head of the plan (`new_forecast`: a forecast
     was just loaded)."""
     forecast_update(S, new_forecast, S[STEP])
@@ -167,7 +167,7 @@ def plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_fo
     room = int(np.ceil(lead - max(start - now, 0.0) / copy))
     if room <= 0:
         return
-    n = _jobs(I, F, S, G, TAB, DISC, JI, JF, WI, WF)
+    n = _jobs(I, F, S, G, TAB, DISC, JI, JF, WF)
     if n == 0:
         return
     deadlines = np.empty(n)

@@ -96,7 +96,7 @@ class CompiledManager(ManagerBase):
         self._plans = S[PREFETCHER] != PREFETCH_NONE
         self._state = (I, F, S, G, self.DQ, self.PH, self.RQI, self.RQF)
         self._serve_args = self._state + (self.EV, self.TAB, self.DISC)
-        self._plan_args = self._serve_args + ((self.JI, self.JF, self.WI, self.WF, self.MI) if self._plans else ())
+        self._plan_args = self._serve_args + ((self.JI, self.JF, self.WF, self.MI) if self._plans else ())
         self.decision_s = 0.0
 
     def _setup_policy(self, policy) -> None:
@@ -129,8 +129,7 @@ class CompiledManager(ManagerBase):
         self.JF = np.zeros((2, pre.max_jobs), np.float64)
         self.MI = np.zeros((3, 4 * pre.max_tries), np.int64)
         n = self.num_layers * self.num_experts
-        self.WI = np.zeros((3, n), np.int64)
-        self.WF = np.zeros((3, n), np.float64)
+        self.WF = np.zeros((2, n), np.float64)
 
     # -- the driver API ---------------------------------------------------------------------------------
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:

@@ -139,13 +139,13 @@ def finish_layer(I, G, needed, reveal, start):
 
 
 @jit
-def decide(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast, steps, probs, floor):
+def decide(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, new_forecast, steps, probs, floor):
     """The scheduler's part of a decision point: load the new forecast (if `new_forecast`) and plan.
     Returns False when the forecast does not fit the compiled policy (see `forecast.load_forecast`)."""
     if new_forecast and not forecast.load_forecast(I, F, S, steps, probs, floor):
         return False
     if S[PREFETCHER] == PREFETCH_DEADLINE:
-        deadline.plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, new_forecast)
+        deadline.plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, new_forecast)
     return True
 
 
@@ -158,8 +158,8 @@ def move_to(I, F, S, G, DQ, PH, RQI, RQF, step, now, buf):
 
 
 @jit
-def end_layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, step, now, buf):
+def end_layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, step, now, buf):
     """The layer at `step` finished computing at `now`: its experts unpin, the scheduler plans again."""
     move_to(I, F, S, G, DQ, PH, RQI, RQF, step, now, buf)
     if S[PREFETCHER] == PREFETCH_DEADLINE:
-        deadline.plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WI, WF, MI, False)
+        deadline.plan(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, False)
