@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numba
 
-MODULES = ("layout", "engine", "recency", "forecast", "policies", "ops", "deadline", "step")
+MODULES = ("layout", "engine", "recency", "prior", "forecast", "policies", "ops", "deadline", "step")
 """The kernel modules of this package, in import order."""
 
 

@@ -25,10 +25,11 @@ import numpy as np
 
 from seqmoe.manager.compiled.layout import (
     AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, COSTS, COSTS_MUT, COSTS_N, COSTS_STEP, COSTS_VERSION,
-    DIRTY, E_, FIRST_USE, F_FIRST, F_LAST, GEOM, LAST_STEP, LAYER, L_, MAX_HARM, MIN_PROB, MUT, NCANDS, NCOSTS,
-    NDIRTY, NUM_GAP_CLASSES, NUSES, PINNED, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT,
-    PREV_GAP, PRIOR, PRIOR_END, P_A, P_B, TICK, UCLASS, UNUSED, USES, VALUES, VAL_STEP, VAL_VERSION, VERSION,
+    E_, FIRST_USE, F_FIRST, F_LAST, L_, MAX_HARM, MIN_PROB, MUT, NCANDS, NCOSTS, NUSES, PINNED, POLICY,
+    POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT, PRIOR, P_A, P_B, TICK, UNUSED, USES, VALUES,
+    VAL_STEP, VAL_VERSION, VERSION,
 )
+from seqmoe.manager.compiled.prior import first_positions, forecast_end, next_after, priors
 from seqmoe.manager.compiled.recency import least_recent
 
 jit = nb.njit(cache=True)
@@ -86,73 +87,6 @@ def cheapest_resident(I, values, skip):
 
 
 @jit
-def _first_positions(S, l):
-    """The two forecast positions of layer `l`'s uids: the first at or after F_FIRST, and one token later."""
-    first = S[F_FIRST]
-    a = first + (l - first) % S[L_]
-    return a, a + S[L_]
-
-
-@jit
-def _log2_bucket(x, n):
-    """min(floor(log2(max(x, 1))), n - 1)."""
-    b = 0
-    x = max(x, 1)
-    while x > 1 and b < n - 1:
-        x >>= 1
-        b += 1
-    return b
-
-
-@jit
-def _end(S, cur):
-    """The last forecast position, or `cur` when the forecast ends before it."""
-    if S[F_LAST] >= S[F_FIRST] and S[F_LAST] > cur:
-        return S[F_LAST]
-    return cur
-
-
-@jit
-def _next_after(S, end, l):
-    """The first position of layer `l` after position `end`."""
-    return end + 1 + (l - (end + 1)) % S[L_]
-
-
-@jit
-def _prior(I, F, S, TAB, u, nxt):
-    """The learned prior of u's next use beyond the forecast, `nxt` being u's first position after it."""
-    if TAB.shape[0] == 0:
-        return F[GEOM, u]
-    age = (nxt - I[LAST_STEP, u]) // S[L_]
-    G = S[NUM_GAP_CLASSES]
-    cls = I[UCLASS, u] * G
-    if G > 1:
-        gap = I[PREV_GAP, u]
-        if gap > 0:
-            cls += min(1 + _log2_bucket(gap, G), G - 1)
-    return TAB[cls, _log2_bucket(age, TAB.shape[1])]
-
-
-@jit
-def _priors(I, F, S, TAB, end):
-    """F[PRIOR]: every uid's prior for a forecast ending at `end`, recomputed only where it changed
-    (another end, or a use or load since: its age and gap moved)."""
-    E = S[E_]
-    if S[PRIOR_END] != end:
-        for l in range(S[L_]):
-            nxt = _next_after(S, end, l)
-            for u in range(l * E, (l + 1) * E):
-                F[PRIOR, u] = _prior(I, F, S, TAB, u, nxt)
-        S[PRIOR_END] = end
-    else:
-        for i in range(S[NDIRTY]):
-            u = I[DIRTY, i]
-            F[PRIOR, u] = _prior(I, F, S, TAB, u, _next_after(S, end, I[LAYER, u]))
-    S[NDIRTY] = 0
-    return F[PRIOR]
-
-
-@jit
 def _entries(F, u, in_a, in_b):
     """u's two forecast probabilities, 0 for a position outside the forecast or the entries ahead."""
     return F[P_A, u] * in_a, F[P_B, u] * in_b
@@ -173,16 +107,16 @@ def refresh(I, F, S, G, TAB, DISC, need_ahead):
     if not (do_a or do_v):
         return
     L, E, last = S[L_], S[E_], S[F_LAST]
-    end = _end(S, cur)
-    prior = _priors(I, F, S, TAB, end) if do_v else F[PRIOR]
+    end = forecast_end(S, cur)
+    prior = priors(I, F, S, TAB, end) if do_v else F[PRIOR]
     values, min_prob = F[VALUES], G[MIN_PROB]
     nu = na = 0
     top_use = 0.0
     for l in range(L):
-        a, b = _first_positions(S, l)
+        a, b = first_positions(S, l)
         in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
         da, db = DISC[0, max(a - cur, 0)], DISC[0, max(b - cur, 0)]
-        dt = DISC[0, _next_after(S, end, l) - cur]
+        dt = DISC[0, next_after(S, end, l) - cur]
         for u in range(l * E, (l + 1) * E):
             pa, pb = _entries(F, u, in_a, in_b)
             if do_v:
@@ -264,52 +198,16 @@ def first_uses(I, F, S, G, TAB, DISC):
 
 
 @jit
-def _heap_replace_max(heap, m, x):
-    """In a max-heap heap[:m] of values: replace the root by x and sift it down."""
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= m:
-            break
-        if c + 1 < m and heap[c + 1] > heap[c]:
-            c += 1
-        if heap[c] <= x:
-            break
-        heap[i] = heap[c]
-        i = c
-    heap[i] = x
-
-
-@jit
-def _heap_push_max(heap, m, x):
-    """Push x onto the max-heap heap[:m] (m + 1 long after)."""
-    i = m
-    while i > 0 and heap[(i - 1) // 2] < x:
-        heap[i] = heap[(i - 1) // 2]
-        i = (i - 1) // 2
-    heap[i] = x
-
-
-@jit
 def cheapest_values(I, F, S, G, TAB, DISC, n, out):
     """The `n` (<= COSTS_N) lowest keep values of the residents, pinned or not, ascending into `out`;
     how many. Cached per (position, forecast, state)."""
     values = keep_values(I, F, S, G, TAB, DISC)
     if not (S[COSTS_STEP] == S[POL_STEP] and S[COSTS_VERSION] == S[VERSION] and S[COSTS_MUT] == S[MUT]):
-        heap = F[COSTS]  # a max-heap of the lowest values so far, sorted at the end
-        L, E, cur, m = S[L_], S[E_], S[POL_STEP], 0
-        for j in range(L):  # farthest layer first: the lowest values come early
-            l = (cur + L - j) % L
-            for u in range(l * E, (l + 1) * E):
-                if not I[PRESENT, u]:
-                    continue
-                x = values[u]
-                if m < COSTS_N:
-                    _heap_push_max(heap, m, x)
-                    m += 1
-                elif x < heap[0]:
-                    _heap_replace_max(heap, m, x)
-        heap[:m] = np.sort(heap[:m])
+        res = values[I[PRESENT] != 0]
+        m = min(COSTS_N, len(res))
+        if m < len(res):
+            res = np.partition(res, m - 1)[:m]
+        F[COSTS, :m] = np.sort(res)
         S[NCOSTS] = m
         S[COSTS_STEP], S[COSTS_VERSION], S[COSTS_MUT] = S[POL_STEP], S[VERSION], S[MUT]
     m = min(n, S[NCOSTS])
@@ -343,7 +241,7 @@ def victim_at(I, F, S, G, TAB, DISC, step):
     victim, best_v, best_t = -1, np.inf, 0
     for j in range(L):  # farthest layer first: the lowest values come early, few uids improve on them
         l = (cur + L - j) % L
-        a, b = _first_positions(S, l)
+        a, b = first_positions(S, l)
         in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
         for u in range(l * E, (l + 1) * E):
             if not I[PRESENT, u]:
@@ -354,15 +252,15 @@ def victim_at(I, F, S, G, TAB, DISC, step):
             if not _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
                 victim, best_v, best_t = u, x, I[TICK, u]
     # The busy ones' values seen from step - 1 (uses at `step` count: those experts are pinned then).
-    end = _end(S, step - 1)
-    prior = _priors(I, F, S, TAB, end)
+    end = forecast_end(S, step - 1)
+    prior = priors(I, F, S, TAB, end)
     low, any_busy = np.inf, False
     for l in range(L):
-        a, b = _first_positions(S, l)
+        a, b = first_positions(S, l)
         if a >= step:  # no position of this layer before `step`: none of its uids is busy
             continue
         in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
-        tail = DISC[0, _next_after(S, end, l) - (step - 1)]
+        tail = DISC[0, next_after(S, end, l) - (step - 1)]
         da, db = DISC[0, max(a - (step - 1), 0)], DISC[0, max(b - (step - 1), 0)]
         la, lb = 1.0 if a >= step else 0.0, 1.0 if b >= step else 0.0  # entries from `step` on
         for u in range(l * E, (l + 1) * E):
