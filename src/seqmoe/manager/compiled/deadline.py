@@ -14,7 +14,7 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled import engine, ops
-from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_uses, forecast_update, keep_values,
+from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_use, forecast_update, keep_values,
                                                victim_at)
 from seqmoe.manager.compiled.layout import (
     CANDS, CANDS_USE, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, LEAD, L_, MARGIN, MAX_JOBS,
@@ -110,11 +110,15 @@ def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WF):
     uids = I[CANDS, :a]
     values = F[VALUES]
     top = _most_valuable(values, uids, S[MAX_JOBS], WF[0])
-    cost = WF[1]
-    c = cheapest_values(I, F, S, G, TAB, DISC, len(top), cost)  # the cheapest residents pair with them
-    k = 0
     margin = G[MARGIN]
-    for i in range(min(len(top), c)):
+    n = 0  # the i-th most valuable pairs with the i-th cheapest resident: only up to the last that can profit
+    for i in range(len(top)):
+        if 1.0 - F[UNUSED, uids[top[i]]] > margin:
+            n = i + 1
+    cost = WF[1]
+    c = cheapest_values(I, F, S, G, TAB, DISC, n, cost)
+    k = 0
+    for i in range(min(n, c)):
         u = uids[top[i]]
         value = 1.0 - F[UNUSED, u]  # expected hits a copy adds
         profit = value - (1.0 - value) * cost[i]
@@ -137,17 +141,13 @@ def _jobs(I, F, S, G, TAB, DISC, JI, JF, WF):
 @jit
 def _cancel_stale(I, F, S, G, EV, TAB, DISC):
     """Cancel queued prefetches the new forecast no longer expects (p < min_prob at every position ahead)."""
-    fresh = False
     for u in range(I.shape[1]):
         q = I[PF_QUEUED, u]
         if q < 0:
             continue
-        if not fresh:
-            first_uses(I, F, S, G, TAB, DISC)
-            fresh = True
         if q <= S[STEP]:
             I[PF_QUEUED, u] = -1  # its layer has routed
-        elif I[FIRST_USE, u] < 0:
+        elif first_use(I, F, S, G, u) < 0:
             ops.cancel(I, S, EV, u)  # False once the copy has started: then it simply runs
             I[PF_QUEUED, u] = -1
 

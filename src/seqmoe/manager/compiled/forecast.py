@@ -10,8 +10,9 @@ A forecast covers positions F_FIRST..F_LAST (at most 2 L of them): uid u of laye
 position a(u), the first at or after F_FIRST of layer l, with probability P_A[u], and a(u) + L
 with P_B[u], as `load_forecast` writes them: 0 below the floor (no entry), clipped at 1.
 
-Per (position, forecast) one pass (`refresh`) computes the keep values and the scheduler's
-candidates. The reference computes keep values lazily at their first use; computing them earlier
+Per (position, forecast) one pass (`refresh`) computes the keep values, and per (position,
+forecast, state) one more (`candidates`) the scheduler's candidates; the passes over residents
+walk the RES list (`ops.present`), not every uid. The reference computes keep values lazily at their first use; computing them earlier
 is the same as long as no use or load happens in between, which holds for every caller here: the
 scheduler's calls all come before its first issue, and the demand victims' after the layer's hits.
 Whether a resident is likely used before a position is worked out where it is asked
@@ -24,10 +25,10 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled.layout import (
-    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, COSTS, COSTS_MUT, COSTS_N, COSTS_STEP, COSTS_VERSION,
-    E_, FIRST_USE, F_FIRST, F_LAST, L_, MAX_HARM, MIN_PROB, MUT, NCANDS, NCOSTS, NUSES, PINNED, POLICY,
-    POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT, PRIOR, P_A, P_B, TICK, UNUSED, USES, VALUES,
-    VAL_STEP, VAL_VERSION, VERSION,
+    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, COSTS, COSTS_MUT, COSTS_N, COSTS_N_ASKED, COSTS_STEP,
+    COSTS_VERSION, E_, FIRST_USE, F_FIRST, F_LAST, LAYER, L_, MAX_HARM, MIN_PROB, MUT, NCANDS, NCOSTS, NUM_PRESENT,
+    PINNED, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT, P_A, P_B, RES, TICK, UNUSED,
+    VALUES, VAL_STEP, VAL_VERSION, VERSION,
 )
 from seqmoe.manager.compiled.prior import first_positions, forecast_end, next_after, priors
 from seqmoe.manager.compiled.recency import least_recent
@@ -71,12 +72,13 @@ def load_forecast(I, F, S, steps, probs, floor):
 
 
 @jit
-def cheapest_resident(I, values, skip):
+def cheapest_resident(I, S, values, skip):
     """The resident uid with the lowest value, ties by least recent use, leaving out uids with `skip`
     set; -1 if none."""
     best, v, tick = -1, np.inf, 0
-    for u in range(values.shape[0]):
-        if not I[PRESENT, u] or skip[u]:
+    for i in range(S[NUM_PRESENT]):
+        u = I[RES, i]
+        if skip[u]:
             continue
         x = values[u]
         if x == np.inf:
@@ -93,55 +95,43 @@ def _entries(F, u, in_a, in_b):
 
 
 @jit
-def refresh(I, F, S, G, TAB, DISC, need_ahead):
-    """Bring the per-(position, forecast) results up to date in one pass over the uids: the keep
-    values F[VALUES] (F[UNUSED]: P(no forecast use)) and, with `need_ahead`, I[FIRST_USE] (first
-    position ahead forecast with p >= min_prob, -1: none) with the lists USES (uids with one,
-    increasing) and CANDS (the absent ones among them, G[CANDS_USE] their highest use probability).
+def first_use(I, F, S, G, u):
+    """u's I[FIRST_USE] as `candidates` computes it, for one uid without the pass."""
+    cur, last = S[POL_STEP], S[F_LAST]
+    a, b = first_positions(S, I[LAYER, u])
+    pa, pb = _entries(F, u, 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0)
+    min_prob = G[MIN_PROB]
+    return a if pa >= min_prob else (b if pb >= min_prob else -1)
+
+
+@jit
+def refresh(I, F, S, G, TAB, DISC):
+    """Bring the keep values F[VALUES] (F[UNUSED]: P(no forecast use)) up to date for the policy's
+    (position, forecast), in one pass over the uids.
 
     An entry outside the forecast, or at or before the current position, counts as p = 0: adding 0
     and multiplying by 1 leave the running sums exactly as skipping it would, without a branch."""
-    cur, version, mut = S[POL_STEP], S[VERSION], S[MUT]
-    do_v = not (S[VAL_STEP] == cur and S[VAL_VERSION] == version)
-    do_a = need_ahead and not (S[AHEAD_STEP] == cur and S[AHEAD_VERSION] == version)
-    if not (do_a or do_v):
+    cur, version = S[POL_STEP], S[VERSION]
+    if S[VAL_STEP] == cur and S[VAL_VERSION] == version:
         return
     L, E, last = S[L_], S[E_], S[F_LAST]
     end = forecast_end(S, cur)
-    prior = priors(I, F, S, TAB, end) if do_v else F[PRIOR]
-    values, min_prob = F[VALUES], G[MIN_PROB]
-    nu = na = 0
-    top_use = 0.0
+    prior = priors(I, F, S, TAB, end)
+    values, unused, PA, PB = F[VALUES], F[UNUSED], F[P_A], F[P_B]
     for l in range(L):
         a, b = first_positions(S, l)
         in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
         da, db = DISC[0, max(a - cur, 0)], DISC[0, max(b - cur, 0)]
         dt = DISC[0, next_after(S, end, l) - cur]
         for u in range(l * E, (l + 1) * E):
-            pa, pb = _entries(F, u, in_a, in_b)
-            if do_v:
-                v = pa * 1.0 * da  # P(no use at the entries before) is 1 at the first
-                stay_a = 1.0 - pa
-                v += pb * stay_a * db
-                stay = stay_a * (1.0 - pb)
-                F[UNUSED, u] = stay
-                values[u] = v + stay * (dt * prior[u])
-            if do_a:
-                fu = a if pa >= min_prob else (b if pb >= min_prob else -1)
-                I[FIRST_USE, u] = fu
-                I[USES, nu] = u
-                nu += fu >= 0
-                I[CANDS, na] = u
-                cand = fu >= 0 and not I[PRESENT, u]
-                na += cand
-                if cand:
-                    top_use = max(top_use, 1.0 - F[UNUSED, u])
-    if do_v:
-        S[VAL_STEP], S[VAL_VERSION] = cur, version
-    if do_a:
-        S[NUSES], S[NCANDS] = nu, na
-        G[CANDS_USE] = top_use
-        S[AHEAD_STEP], S[AHEAD_VERSION], S[CANDS_MUT] = cur, version, mut
+            pa, pb = PA[u] * in_a, PB[u] * in_b  # `_entries`
+            v = pa * 1.0 * da  # P(no use at the entries before) is 1 at the first
+            stay_a = 1.0 - pa
+            v += pb * stay_a * db
+            stay = stay_a * (1.0 - pb)
+            unused[u] = stay
+            values[u] = v + stay * (dt * prior[u])
+    S[VAL_STEP], S[VAL_VERSION] = cur, version
 
 
 @jit
@@ -168,50 +158,69 @@ def _insert(I, values, u, m, k, out):
 @jit
 def keep_values(I, F, S, G, TAB, DISC):
     """F[VALUES]: the keep values at the policy's position (see `refresh`)."""
-    refresh(I, F, S, G, TAB, DISC, False)
+    refresh(I, F, S, G, TAB, DISC)
     return F[VALUES]
 
 
 @jit
 def candidates(I, F, S, G, TAB, DISC):
-    """The CANDS list (absent uids forecast with p >= min_prob ahead, increasing), current, and
-    G[CANDS_USE], the highest P(use within the forecast) among them; its length."""
-    refresh(I, F, S, G, TAB, DISC, True)
-    if S[CANDS_MUT] != S[MUT]:
-        na, top_use = 0, 0.0
-        for i in range(S[NUSES]):
-            u = I[USES, i]
-            if not I[PRESENT, u]:
-                I[CANDS, na] = u
-                na += 1
-                top_use = max(top_use, 1.0 - F[UNUSED, u])
-        S[NCANDS], S[CANDS_MUT] = na, S[MUT]
-        G[CANDS_USE] = top_use
-    return S[NCANDS]
-
-
-@jit
-def first_uses(I, F, S, G, TAB, DISC):
-    """I[FIRST_USE] of every uid, current (see `refresh`)."""
-    refresh(I, F, S, G, TAB, DISC, True)
-    return I[FIRST_USE]
+    """The CANDS list: absent uids forecast with p >= min_prob at a position ahead, increasing, with
+    I[FIRST_USE] the first such position, and G[CANDS_USE] the highest P(use within the forecast)
+    among them; its length. Cached per (position, forecast, state)."""
+    cur, version, mut = S[POL_STEP], S[VERSION], S[MUT]
+    if S[AHEAD_STEP] == cur and S[AHEAD_VERSION] == version and S[CANDS_MUT] == mut:
+        return S[NCANDS]
+    unused = F[UNUSED]
+    refresh(I, F, S, G, TAB, DISC)
+    L, E, last, min_prob = S[L_], S[E_], S[F_LAST], G[MIN_PROB]
+    PA, PB = F[P_A], F[P_B]
+    na, top_use = 0, 0.0
+    for l in range(L):
+        a, b = first_positions(S, l)
+        in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
+        for u in range(l * E, (l + 1) * E):
+            fu = a if PA[u] * in_a >= min_prob else (b if PB[u] * in_b >= min_prob else -1)
+            I[FIRST_USE, u] = fu
+            I[CANDS, na] = u
+            cand = (fu >= 0) & (I[PRESENT, u] == 0)  # no branch: presence is a coin toss per uid
+            na += cand
+            top_use = max(top_use, cand * (1.0 - unused[u]))
+    S[NCANDS], G[CANDS_USE] = na, top_use
+    S[AHEAD_STEP], S[AHEAD_VERSION], S[CANDS_MUT] = cur, version, mut
+    return na
 
 
 @jit
 def cheapest_values(I, F, S, G, TAB, DISC, n, out):
     """The `n` (<= COSTS_N) lowest keep values of the residents, pinned or not, ascending into `out`;
-    how many. Cached per (position, forecast, state)."""
+    how many. Cached per (position, forecast, state), for the largest n asked under that key."""
     values = keep_values(I, F, S, G, TAB, DISC)
-    if not (S[COSTS_STEP] == S[POL_STEP] and S[COSTS_VERSION] == S[VERSION] and S[COSTS_MUT] == S[MUT]):
-        res = values[I[PRESENT] != 0]
-        m = min(COSTS_N, len(res))
-        if m < len(res):
-            res = np.partition(res, m - 1)[:m]
-        F[COSTS, :m] = np.sort(res)
-        S[NCOSTS] = m
-        S[COSTS_STEP], S[COSTS_VERSION], S[COSTS_MUT] = S[POL_STEP], S[VERSION], S[MUT]
+    n = min(n, COSTS_N)
+    if not (S[COSTS_STEP] == S[POL_STEP] and S[COSTS_VERSION] == S[VERSION] and S[COSTS_MUT] == S[MUT]
+            and S[COSTS_N_ASKED] >= n):
+        S[NCOSTS] = _lowest_resident(I, S, values, n, F[COSTS])
+        S[COSTS_STEP], S[COSTS_VERSION], S[COSTS_MUT], S[COSTS_N_ASKED] = S[POL_STEP], S[VERSION], S[MUT], n
     m = min(n, S[NCOSTS])
     out[:m] = F[COSTS, :m]
+    return m
+
+
+@jit
+def _lowest_resident(I, S, values, k, out):
+    """The k lowest values of the residents, ascending, into out; how many."""
+    m = min(k, S[NUM_PRESENT])
+    if m == 0:
+        return 0
+    out[:m] = np.inf
+    for i in range(S[NUM_PRESENT]):
+        x = values[I[RES, i]]
+        if x >= out[m - 1]:
+            continue
+        j = m - 1
+        while j > 0 and out[j - 1] > x:
+            out[j] = out[j - 1]
+            j -= 1
+        out[j] = x
     return m
 
 
@@ -233,24 +242,21 @@ def victim_at(I, F, S, G, TAB, DISC, step):
     Only uids with a forecast position before `step` can be busy (likely used before it): those of
     the layers at positions cur + 1 .. step - 1, scanned layer by layer."""
     if S[POLICY] == POLICY_FORECAST_LRU_VICTIMS:
-        return least_recent(I, I.shape[1], True), False
+        return least_recent(I, S, True), False
     values = keep_values(I, F, S, G, TAB, DISC)
     cur, last, L, E = S[POL_STEP], S[F_LAST], S[L_], S[E_]
     bound = 1.0 - G[MAX_HARM]
     # The victim: the cheapest resident not busy (a uid is checked only when it would improve on the best).
     victim, best_v, best_t = -1, np.inf, 0
-    for j in range(L):  # farthest layer first: the lowest values come early, few uids improve on them
-        l = (cur + L - j) % L
-        a, b = first_positions(S, l)
+    for i in range(S[NUM_PRESENT]):
+        u = I[RES, i]
+        x = values[u]
+        if victim >= 0 and (x > best_v or (x == best_v and I[TICK, u] > best_t)):
+            continue
+        a, b = first_positions(S, I[LAYER, u])
         in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
-        for u in range(l * E, (l + 1) * E):
-            if not I[PRESENT, u]:
-                continue
-            x = values[u]
-            if victim >= 0 and (x > best_v or (x == best_v and I[TICK, u] > best_t)):
-                continue
-            if not _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
-                victim, best_v, best_t = u, x, I[TICK, u]
+        if not _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
+            victim, best_v, best_t = u, x, I[TICK, u]
     # The busy ones' values seen from step - 1 (uses at `step` count: those experts are pinned then).
     end = forecast_end(S, step - 1)
     prior = priors(I, F, S, TAB, end)
@@ -293,16 +299,14 @@ def demand_victims(I, F, S, G, TAB, DISC, k, out):
     if S[POLICY] != POLICY_FORECAST:
         return -1
     values = keep_values(I, F, S, G, TAB, DISC)
-    L, E, cur = S[L_], S[E_], S[POL_STEP]
     m = 0
-    for j in range(L):  # farthest layer first: its values are the lowest, so few later uids get in
-        l = (cur + L - j) % L
-        for u in range(l * E, (l + 1) * E):
-            if not I[PRESENT, u] or I[PINNED, u]:
+    for i in range(S[NUM_PRESENT]):
+        u = I[RES, i]
+        if I[PINNED, u]:
+            continue
+        if m == k:  # most uids are not among the k lowest: tell without a call (calls cost here)
+            x, w = values[u], out[k - 1]
+            if x > values[w] or (x == values[w] and I[TICK, u] > I[TICK, w]):
                 continue
-            if m == k:  # most uids are not among the k lowest: tell without a call (calls cost here)
-                x, w = values[u], out[k - 1]
-                if x > values[w] or (x == values[w] and I[TICK, u] > I[TICK, w]):
-                    continue
-            m = _insert(I, values, u, m, k, out)
+        m = _insert(I, values, u, m, k, out)
     return m

@@ -26,9 +26,10 @@ LAYER = 13  # static: layer of the uid
 UCLASS = 14  # static: frequency class of the uid in the reuse table
 FIRST_USE = 15  # forecast policy: first position ahead forecast with p >= min_prob (-1: none)
 DIRTY = 16  # forecast policy: uids whose prior changed since it was computed (a stack, NDIRTY long)
-USES = 17  # forecast policy: the uids with a FIRST_USE, increasing (NUSES of them)
-CANDS = 18  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
-NI = 19
+CANDS = 17  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
+RES = 18  # the PRESENT uids in no order (NUM_PRESENT of them): passes over residents skip the absent
+RES_AT = 19  # where the uid stands in RES, -1 when absent
+NI = 20
 
 # -- per-uid float fields (rows of F) -------------------------------------------------------------
 DONE_AT = 0  # engine: completion time of a started, unfinished copy
@@ -55,9 +56,9 @@ POLICY, PREFETCHER, NUM_GAP_CLASSES = 31, 32, 33  # kinds (below)
 JOBS_KEY_STEP, JOBS_KEY_VERSION, JOBS_KEY_MUT, NJOBS = 34, 35, 36, 37  # deadline scheduler's cached candidates
 MAX_JOBS, MAX_TRIES = 38, 39  # deadline scheduler's limits
 PRIOR_END, NDIRTY, AHEAD_STEP, AHEAD_VERSION = 40, 41, 42, 43  # forecast policy caches
-NUSES, CANDS_MUT, COSTS_STEP, COSTS_VERSION, COSTS_MUT = 44, 45, 46, 47, 48  # COSTS_*: the COSTS' key
-MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 49, 50, 51, 52  # deadline scheduler's victim_at answers
-NCANDS, NCOSTS = 53, 54
+CANDS_MUT, COSTS_STEP, COSTS_VERSION, COSTS_MUT = 44, 45, 46, 47  # COSTS_*: the COSTS' key
+MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 48, 49, 50, 51  # deadline scheduler's victim_at answers
+NCANDS, NCOSTS, COSTS_N_ASKED = 52, 53, 54  # COSTS_N_ASKED: how many lowest the COSTS hold at most
 NS = 55
 
 COSTS_N = 64

@@ -15,7 +15,7 @@ from seqmoe.manager.compiled.layout import (
     JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB,
     MISSES, NEV, NF, NG, NI, NS, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY,
     POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE,
-    PREFETCH_NONE, PRESENT, QSEQ, READY, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
+    PREFETCH_NONE, PRESENT, QSEQ, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
 )
 from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
@@ -89,6 +89,9 @@ class CompiledManager(ManagerBase):
         start = np.asarray(list(start), dtype=np.int64)
         I[PRESENT, start] = 1
         S[NUM_PRESENT] = len(start)
+        I[RES_AT] = -1
+        I[RES, :len(start)] = start
+        I[RES_AT, start] = np.arange(len(start))
         recency.policy_reset(I, S, start)
         S[JOBS_KEY_STEP] = S[MEMO_STEP] = -(1 << 40)
         S[STEP] = -1

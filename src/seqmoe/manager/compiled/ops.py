@@ -9,7 +9,7 @@ import numba as nb
 from seqmoe.manager.compiled import engine
 from seqmoe.manager.compiled.layout import (
     CANCELLED, CAP, EV_DEMAND, EV_EVICT, EV_PREFETCH, NEV, NOW, NUM_PRESENT, PENDING, PINNED, PREFETCHES, PRESENT,
-    STEP, UNUSED_PF, WASTED,
+    RES, RES_AT, STEP, UNUSED_PF, WASTED,
 )
 from seqmoe.manager.compiled.policies import policy_victim
 from seqmoe.manager.compiled.recency import policy_insert, policy_remove
@@ -48,8 +48,7 @@ def make_room(I, F, S, G, EV, TAB, DISC, victim):
     if v < 0:
         return False
     policy_remove(I, S, v)
-    I[PRESENT, v] = 0
-    S[NUM_PRESENT] -= 1
+    absent(I, S, v)
     event(S, EV, EV_EVICT, v, 0)
     if I[UNUSED_PF, v]:
         I[UNUSED_PF, v] = 0
@@ -61,17 +60,35 @@ def make_room(I, F, S, G, EV, TAB, DISC, victim):
 def free_cancelled(I, S, EV, uid):
     """A queued prefetch of `uid` was cancelled before its copy started: give its slot back."""
     policy_remove(I, S, uid)
-    I[PRESENT, uid] = I[UNUSED_PF, uid] = 0
-    I[PENDING, uid] = I[PINNED, uid] = 0
-    S[NUM_PRESENT] -= 1
+    absent(I, S, uid)
+    I[UNUSED_PF, uid] = I[PENDING, uid] = I[PINNED, uid] = 0
     S[CANCELLED] += 1
     event(S, EV, EV_EVICT, uid, 0)
 
 
 @jit
-def load(I, S, uid, step):
+def present(I, S, uid):
+    """uid becomes PRESENT: it joins the RES list."""
+    n = S[NUM_PRESENT]
     I[PRESENT, uid] = 1
-    S[NUM_PRESENT] += 1
+    I[RES, n], I[RES_AT, uid] = uid, n
+    S[NUM_PRESENT] = n + 1
+
+
+@jit
+def absent(I, S, uid):
+    """uid stops being PRESENT: the last of RES takes its place there."""
+    n, i = S[NUM_PRESENT] - 1, I[RES_AT, uid]
+    last = I[RES, n]
+    I[RES, i], I[RES_AT, last] = last, i
+    I[RES_AT, uid] = -1
+    I[PRESENT, uid] = 0
+    S[NUM_PRESENT] = n
+
+
+@jit
+def load(I, S, uid, step):
+    present(I, S, uid)
     I[PENDING, uid] = 1
     I[PINNED, uid] = 1
     policy_insert(I, S, uid, step)

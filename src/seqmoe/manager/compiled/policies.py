@@ -19,5 +19,5 @@ def policy_victim(I, F, S, G, TAB, DISC):
     if kind == POLICY_LRU:
         return lru_victim(I, S)
     if kind == POLICY_FORECAST_LRU_VICTIMS:
-        return least_recent(I, I.shape[1], False)
-    return cheapest_resident(I, keep_values(I, F, S, G, TAB, DISC), I[PINNED])
+        return least_recent(I, S, False)
+    return cheapest_resident(I, S, keep_values(I, F, S, G, TAB, DISC), I[PINNED])

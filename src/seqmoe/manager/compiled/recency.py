@@ -6,9 +6,9 @@ from __future__ import annotations
 import numba as nb
 
 from seqmoe.manager.compiled.layout import (
-    AHEAD_STEP, AHEAD_VERSION, COSTS_STEP, DIRTY, F_FIRST, F_LAST, LAST_STEP, LAST_USE, LRU_HEAD, LRU_NEXT,
-    LRU_PREV, LRU_TAIL, L_, MUT, NDIRTY, PINNED, POLICY, POLICY_LRU, POL_STEP, PRESENT, PREV_GAP, PRIOR_END, TICK,
-    TICKS, VAL_STEP, VAL_VERSION, VERSION,
+    AHEAD_STEP, AHEAD_VERSION, COSTS_STEP, DIRTY, F_FIRST, F_LAST, LAST_STEP, LAST_USE, LRU_HEAD, LRU_NEXT, NUM_PRESENT,
+    LRU_PREV, LRU_TAIL, L_, MUT, NDIRTY, PINNED, POLICY, POLICY_LRU, POL_STEP, PREV_GAP, PRIOR_END, TICK,
+    RES, TICKS, VAL_STEP, VAL_VERSION, VERSION,
 )
 
 jit = nb.njit(cache=True)
@@ -119,10 +119,11 @@ def policy_remove(I, S, u):
 
 
 @jit
-def least_recent(I, n, pinned_too):
+def least_recent(I, S, pinned_too):
     """The resident uid with the oldest tick (unpinned only unless `pinned_too`); -1 if none."""
     best, tick = -1, 0
-    for u in range(n):
-        if I[PRESENT, u] and (pinned_too or not I[PINNED, u]) and (best < 0 or I[TICK, u] < tick):
+    for i in range(S[NUM_PRESENT]):
+        u = I[RES, i]
+        if (pinned_too or not I[PINNED, u]) and (best < 0 or I[TICK, u] < tick):
             best, tick = u, I[TICK, u]
     return best
