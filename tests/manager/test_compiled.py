@@ -19,6 +19,7 @@ from seqmoe.manager import Driver, SystemInputs, build_manager, build_system, ca
 from seqmoe.manager.compiled import CompiledManager, _cache, compilable
 from seqmoe.manager.state import MemoryManager, System
 from seqmoe.manager.systems import SYSTEMS
+from seqmoe.predict.affinity import AffinityPredictor
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.predict.seqmodel import load_seq_predictor
 from seqmoe.schedule.deadline import DeadlinePrefetcher
@@ -54,14 +55,17 @@ def test_compiled_equals_reference(name, seed, r, bw):
     assert ref["prefetches"] > 0 or name == "on-demand-lru"
 
 
+@pytest.mark.parametrize("replan", [False, True])
 @pytest.mark.parametrize("seed,r,bw", CASES[::3])
-def test_compiled_equals_reference_with_certain_forecasts(seed, r, bw):
-    """The true next two tokens as the forecast (one-hot rows, certain entries)."""
+def test_compiled_equals_reference_with_certain_forecasts(seed, r, bw, replan):
+    """The true next two tokens as the forecast (one-hot rows, certain entries); with and without
+    the scheduler's plan after each layer's compute."""
     def system_of():
         train = make_trace(num_tokens=300, seed=seed + 50, **SHAPE)
         policy = ForecastPolicy.from_trace(train)
         test = make_trace(num_tokens=160, seed=seed, **SHAPE)
-        return System("oracle-2-tokens", policy, OracleForecaster(test, 2 * test.num_layers), DeadlinePrefetcher(policy))
+        return System("oracle-2-tokens", policy, OracleForecaster(test, 2 * test.num_layers),
+                      DeadlinePrefetcher(policy, replan_after_compute=replan))
 
     ref, fast = _both("oracle-2-tokens", seed, r, bw, system_of=system_of)
     assert fast == ref
@@ -103,12 +107,12 @@ def test_the_observer_hears_the_same_calls_in_the_same_order():
     test = make_trace(num_tokens=120, seed=8, **SHAPE)
     C = capacity_for(0.2, 4, 16, 3)
     start = start_placement(train, C)
-    inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start))
     calls = []
     for cls in (MemoryManager, CompiledManager):
         rec = _Recorder()
-        m = cls(build_system("seqmoe-markov-forecast", inputs), model=tiny_model(test), hardware=tiny_hardware(3e8),
-                capacity=C, start=start, observer=rec)
+        policy = ForecastPolicy.from_trace(train)  # plans after each layer too: promotions happen then
+        system = System("markov", policy, AffinityPredictor(train), DeadlinePrefetcher(policy, replan_after_compute=True))
+        m = cls(system, model=tiny_model(test), hardware=tiny_hardware(3e8), capacity=C, start=start, observer=rec)
         d = Driver(m)
         for t in range(test.num_tokens):
             d.token_start(None, t == 0)

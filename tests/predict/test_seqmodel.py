@@ -127,6 +127,38 @@ def test_incremental_equals_recompute(tiny_trace):
     assert worst < 1e-4, f"max |incremental - recompute| = {worst:.2e}"
 
 
+@pytest.mark.parametrize("window", [0, 1, 2])
+def test_forecast_window(tiny_trace, window):
+    """Window W: the next W rows follow the reference forecast, the rows further out keep the latest
+    forecast that computed them; W = 0: only the token's first forecast, then None."""
+    cfg = SeqConfig(num_layers=3, num_experts=8, top_k=2, hash_buckets=32, embed_dim=16, hidden_dim=12, query_dim=20)
+    weights = random_net(cfg, seed=2).export()
+    ref, win = SeqPredictor(cfg, weights), SeqPredictor(cfg, weights, window=window)
+    req = tiny_trace.select_requests([1])
+    T, L, _ = req.expert_ids.shape
+    for p in (ref, win):
+        p.check_trace(req)
+        p.begin_request()
+    latest = None  # [2L, E] rows of the current token as the windowed predictor should hold them
+    for t in range(T):
+        for p in (ref, win):
+            p.begin_token(t * L, int(req.token_ids[t]))
+        for lk in range(-1, L):
+            if lk >= 0:
+                for p in (ref, win):
+                    p.observe(t * L + lk, req.expert_ids[t, lk])
+            want, got = ref.predict(t * L + lk), win.predict(t * L + lk)
+            if lk == -1:
+                latest = want.probs.copy()
+            elif window == 0:
+                assert got is None
+                continue
+            else:
+                latest[lk + 1: lk + 1 + window] = want.probs[:window]
+            assert got.steps.tolist() == want.steps.tolist()
+            assert np.abs(got.probs - latest[lk + 1:]).max() < 1e-5
+
+
 def test_recursive_step_equals_recompute(tiny_trace):
     """The third token of a forecast comes from one GRU step on x_hat and an unknown-token query."""
     cfg = SeqConfig(num_layers=3, num_experts=8, top_k=2, hash_buckets=32, embed_dim=16, hidden_dim=12, query_dim=20)

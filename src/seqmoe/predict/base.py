@@ -42,7 +42,8 @@ class Predictor(Protocol):
         """The layer at `step` routed to `ids` ([K] int expert ids)."""
 
     def predict(self, step: int) -> Forecast | None:
-        """Forecast for positions after `step`; None when there is nothing to say."""
+        """Forecast for positions after `step`; None when there is nothing new to say (the last
+        forecast, if any, stands)."""
 
 
 class IgnoresHistory:

@@ -19,11 +19,11 @@ Inference is incremental and needs no torch: `observe` adds the K new rows of q_
 to running sums; the GRU steps once per token; `predict` costs one LayerNorm, one [H, H] matvec and
 one matvec with the rows of `out` still ahead.
 
-With a forecast `window` W (what the memory manager uses: `DEFAULT_WINDOW`), only the first
-`predict` of a token computes every row ahead; later ones recompute the next W positions from the
-layers just observed, and every row further out keeps the latest forecast that computed it: the
-same forecast near the reveal, where the observed layers matter most, at a fraction of the cost
-(the [2L E, Z] matvec of every row dominated the decision time). Those calls run compiled
+With a forecast `window` W, only the first `predict` of a token computes every row ahead; later
+ones recompute the next W positions from the layers just observed, and every row further out keeps
+the latest forecast that computed it (the [2L E, Z] matvec of every row dominated the decision
+time). W = 0 (what the memory manager uses: `DEFAULT_WINDOW`) keeps the token's first forecast:
+later `predict`s of the token return None, "no new forecast". Those calls run compiled
 (`_seq_kernels`).
 
     pred = load_seq_predictor("results/predictor-deepseek")
@@ -50,8 +50,9 @@ FORMAT = "seqmoe-seq-predictor"
 VERSION = "1"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-DEFAULT_WINDOW = 4
-"""Positions re-forecast at each layer by the memory manager's forecaster (see the module doc)."""
+DEFAULT_WINDOW = 0
+"""Positions re-forecast at each layer by the memory manager's forecaster (see the module doc): none,
+one forecast per token; re-forecasting after each layer cost time and copies (docs/LOG.md)."""
 
 
 class PredictorError(UserError):
@@ -154,13 +155,14 @@ class SeqPredictor:
     Args:
         config, weights, info: the checkpoint (`load_seq_predictor`).
         window: None: every `predict` computes every row ahead (numpy, the reference); W >= 1:
-            after a token's first forecast, `predict` recomputes only the next W positions (compiled).
+            after a token's first forecast, `predict` recomputes only the next W positions (compiled);
+            0: only the token's first forecast, later `predict`s return None.
     """
 
     def __init__(self, config: SeqConfig, weights: dict[str, np.ndarray], info: dict | None = None, *,
                  window: int | None = None) -> None:
-        if window is not None and window < 1:
-            raise PredictorError(f"the forecast window must be at least 1 position, got {window}")
+        if window is not None and window < 0:
+            raise PredictorError(f"the forecast window must be 0 or more positions, got {window}")
         self.config = config
         self.info = info or {}
         self.window = window
@@ -221,7 +223,8 @@ class SeqPredictor:
         self._observed = True
 
     def predict(self, step: int) -> Forecast | None:
-        """Forecast the rest of the current token and the whole next token ([<= 2L, E])."""
+        """Forecast the rest of the current token and the whole next token ([<= 2L, E]); None
+        before any token, and with window 0 after the token's first forecast."""
         if self._t is None:
             return None
         if self.window is None:
@@ -281,6 +284,8 @@ class SeqPredictor:
         first = self._lk + 1
         rows = self._rows_now  # [2L, E]: positions t L .. (t + 2) L - 1
         if self._fresh:
+            if self.window == 0:
+                return None  # the token's first forecast stands
             count = min(self.window, 2 * L - first)
             kernels.refresh_rows(self._base, self._q_acc, w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
                                  w["mlp_w"], w["mlp_b"], w["out_w"], w["out_b"], first, count, E, self.K, rows)

@@ -156,14 +156,15 @@ class DeadlinePrefetcher:
         lead_copies: issue copies while the channel's backlog is shorter than this many copies;
             None: one layer at the measured pace (the next decision point comes sooner). A deeper
             queue hides more of the copy time (more ready hits) but commits victims earlier.
+        replan_after_compute: plan again after each layer's compute, when its experts unpin. Off:
+            the extra plans issued more copies and cost time on both workloads (docs/LOG.md).
     """
-
-    replan_after_compute = True  # a layer's experts unpin when it finishes: new victims
 
     def __init__(self, policy: ForecastPolicy, *, min_prob: float = 0.05, margin: float = 0.5,
                  max_harm: float = 0.05, max_jobs: int = 64, max_tries: int = 8,
-                 lead_copies: float | None = 4.0) -> None:
+                 lead_copies: float | None = 4.0, replan_after_compute: bool = False) -> None:
         self.policy = policy
+        self.replan_after_compute = replan_after_compute
         self.min_prob, self.margin, self.max_harm = min_prob, margin, max_harm
         self.max_jobs, self.max_tries, self.lead_copies = max_jobs, max_tries, lead_copies
         self._queued: dict[int, int] = {}  # uid -> position, prefetches issued and maybe still queued
