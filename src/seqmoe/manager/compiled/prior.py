@@ -7,6 +7,8 @@ for the uids used or loaded since (the DIRTY stack `recency` fills).
 
 from __future__ import annotations
 
+import math
+
 import numba as nb
 
 from seqmoe.manager.compiled.layout import (
@@ -27,13 +29,8 @@ def first_positions(S, l):
 
 @jit
 def _log2_bucket(x, n):
-    """min(floor(log2(max(x, 1))), n - 1)."""
-    b = 0
-    x = max(x, 1)
-    while x > 1 and b < n - 1:
-        x >>= 1
-        b += 1
-    return b
+    """min(floor(log2(max(x, 1))), n - 1), exactly: frexp's exponent (a loop of shifts mispredicts)."""
+    return min(math.frexp(max(x, 1))[1] - 1, n - 1)
 
 
 @jit
@@ -69,12 +66,21 @@ def _prior(I, F, S, TAB, u, nxt):
 def priors(I, F, S, TAB, end):
     """F[PRIOR]: every uid's prior for a forecast ending at `end`, recomputed only where it changed
     (another end, or a use or load since: its age and gap moved)."""
-    E = S[E_]
-    if S[PRIOR_END] != end:
-        for l in range(S[L_]):
+    E, L = S[E_], S[L_]
+    if S[PRIOR_END] != end and TAB.shape[0] == 0:
+        F[PRIOR] = F[GEOM]
+        S[PRIOR_END] = end
+    elif S[PRIOR_END] != end:  # `_prior` of every uid, inline (a call per uid costs here)
+        G, A = S[NUM_GAP_CLASSES], TAB.shape[1]
+        prior, last, ucls, prev = F[PRIOR], I[LAST_STEP], I[UCLASS], I[PREV_GAP]
+        for l in range(L):
             nxt = next_after(S, end, l)
             for u in range(l * E, (l + 1) * E):
-                F[PRIOR, u] = _prior(I, F, S, TAB, u, nxt)
+                cls = ucls[u] * G
+                gap = prev[u]
+                if G > 1 and gap > 0:
+                    cls += min(1 + _log2_bucket(gap, G), G - 1)
+                prior[u] = TAB[cls, _log2_bucket((nxt - last[u]) // L, A)]
         S[PRIOR_END] = end
     else:
         for i in range(S[NDIRTY]):
