@@ -1,4 +1,4 @@
-"""Compiled inner loops of `SeqPredictor` with a forecast window (numba, float32, fastmath).
+"""Compiled inference of `SeqPredictor` with a forecast window (numba, float32, fastmath).
 
 fastmath lets the dot products vectorise (about 10x faster than scalar loops); their sums are
 therefore reassociated and differ from numpy's BLAS in the last bits. The reference inference
@@ -67,14 +67,6 @@ def _probs(row, K):
 
 
 @nb.njit(cache=True, fastmath=True)
-def probs_rows(logits, K, out):
-    """out [N, E] = K * softmax over E of logits [N, E], clipped at 1."""
-    for r in range(logits.shape[0]):
-        out[r] = logits[r]
-        _probs(out[r], K)
-
-
-@nb.njit(cache=True, fastmath=True)
 def refresh_rows(base, q_acc, q_layer, norm_w, norm_b, mlp_w, mlp_b, out_w, out_b, first, count, E, K, rows):
     """rows[first .. first + count - 1] = the forecast of those positions from the query at
     `first` (pre-activation base + q_acc + q_layer): one call per layer in window mode."""
@@ -86,6 +78,36 @@ def refresh_rows(base, q_acc, q_layer, norm_w, norm_b, mlp_w, mlp_b, out_w, out_
         _probs(row, K)
 
 
+@nb.njit(cache=True, fastmath=True)
+def _sigmoid(x):
+    return np.float32(0.5) * (np.float32(1.0) + np.float32(np.tanh(np.float32(0.5) * x)))
+
+
+@nb.njit(cache=True, fastmath=True)
+def gru_step(w_ih, w_hh, b_ih, b_hh, h, x):
+    """One GRU step with PyTorch's gate layout (r, z, n), float32 (`seqmodel.gru_step`): [H] state,
+    [D] input -> [H] new state."""
+    H = h.shape[0]
+    out = np.empty(H, dtype=np.float32)
+    for i in range(H):
+        r = _sigmoid(_dot(w_ih[i], x) + b_ih[i] + _dot(w_hh[i], h) + b_hh[i])
+        z = _sigmoid(_dot(w_ih[H + i], x) + b_ih[H + i] + _dot(w_hh[H + i], h) + b_hh[H + i])
+        j = 2 * H + i
+        n = np.float32(np.tanh(_dot(w_ih[j], x) + b_ih[j] + r * (_dot(w_hh[j], h) + b_hh[j])))
+        out[i] = (np.float32(1.0) - z) * n + z * h[i]
+    return out
+
+
+@nb.njit(cache=True, fastmath=True)
+def token_base(q_h_w, q_h_b, q_tok_row, h):
+    """[Z] the query's pre-activation fixed for a token: q_h_w h + q_h_b + q_tok[bucket]."""
+    Z = q_h_b.shape[0]
+    out = np.empty(Z, dtype=np.float32)
+    for i in range(Z):
+        out[i] = _dot(q_h_w[i], h) + q_h_b[i] + q_tok_row[i]
+    return out
+
+
 @functools.cache
 def warm_up() -> None:
     """Call each kernel once with the argument types `SeqPredictor` passes: numba loads a cached
@@ -94,7 +116,8 @@ def warm_up() -> None:
     Z, E = 4, 3
     vec, mat = np.zeros(Z, f32), np.zeros((2 * E, Z), f32)
     add_rows(vec, mat, 0, np.zeros(1, np.int16))
-    query(vec, vec, vec, np.zeros((Z, Z), f32), vec)
-    probs_rows(np.zeros((1, E), f32), 1, np.zeros((1, E), f32))
     refresh_rows(vec, vec, vec, vec, vec, np.zeros((Z, Z), f32), vec, mat, np.zeros(2 * E, f32), 0, 1, E, 1,
                  np.zeros((2, E), f32))
+    gates, gate_b = np.zeros((3 * Z, Z), f32), np.zeros(3 * Z, f32)
+    gru_step(gates, gates, gate_b, gate_b, vec, vec)
+    token_base(np.zeros((Z, Z), f32), vec, vec, vec)

@@ -246,11 +246,18 @@ class SeqPredictor:
 
     # -- internals --------------------------------------------------------------------------------
     def _start_token(self, t: int, bucket: int) -> None:
-        if self._t is not None and self._observed:  # close the previous token: one GRU step
-            self._h = gru_step(self.w, self._h, self._x_acc + self.w["tok_in"][self._tok])
         w = self.w
+        if self._t is not None and self._observed:  # close the previous token: one GRU step
+            x = self._x_acc + w["tok_in"][self._tok]
+            if self.window is None:
+                self._h = gru_step(w, self._h, x)
+            else:
+                self._h = kernels.gru_step(w["gru_w_ih"], w["gru_w_hh"], w["gru_b_ih"], w["gru_b_hh"], self._h, x)
         self._t, self._tok, self._lk = t, bucket, -1
-        self._base = w["q_h_w"] @ self._h + w["q_h_b"] + w["q_tok"][bucket]  # [Z] fixed for the token
+        if self.window is None:
+            self._base = w["q_h_w"] @ self._h + w["q_h_b"] + w["q_tok"][bucket]  # [Z] fixed for the token
+        else:
+            self._base = kernels.token_base(w["q_h_w"], w["q_h_b"], w["q_tok"][bucket], self._h)
         Z = len(self._base)
         self._acc = np.zeros(self._obs.shape[1], dtype=np.float32)  # [Z + D] observed rows of _obs, summed
         self._q_acc, self._x_acc = self._acc[:Z], self._acc[Z:]  # views: q_part sum [Z], route_in sum [D]
@@ -283,18 +290,12 @@ class SeqPredictor:
         w, L, E = self.w, self.L, self.E
         first = self._lk + 1
         rows = self._rows_now  # [2L, E]: positions t L .. (t + 2) L - 1
-        if self._fresh:
-            if self.window == 0:
-                return None  # the token's first forecast stands
-            count = min(self.window, 2 * L - first)
-            kernels.refresh_rows(self._base, self._q_acc, w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
-                                 w["mlp_w"], w["mlp_b"], w["out_w"], w["out_b"], first, count, E, self.K, rows)
-        else:
-            z = kernels.query(self._base + self._q_acc + w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
-                              w["mlp_w"], w["mlp_b"])
-            logits = w["out_w"][first * E:] @ z + w["out_b"][first * E:]
-            kernels.probs_rows(logits.reshape(-1, E), self.K, rows[first:])
-            self._fresh = True
+        if self._fresh and self.window == 0:
+            return None  # the token's first forecast stands
+        count = min(self.window, 2 * L - first) if self._fresh else 2 * L - first
+        kernels.refresh_rows(self._base, self._q_acc, w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
+                             w["mlp_w"], w["mlp_b"], w["out_w"], w["out_b"], first, count, E, self.K, rows)
+        self._fresh = True
         return Forecast(self._t * L + self._offsets[first:], rows[first:].copy())
 
     def _recurse(self, probs: np.ndarray, end: int):

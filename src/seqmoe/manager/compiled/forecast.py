@@ -12,9 +12,10 @@ with P_B[u], as `load_forecast` writes them: 0 below the floor (no entry), clipp
 
 Per (position, forecast) one pass (`refresh`) computes the keep values, and per (position,
 forecast, state) one more (`candidates`) the scheduler's candidates; the passes over residents
-walk the RES list (`ops.present`), not every uid. The reference computes keep values lazily at their first use; computing them earlier
-is the same as long as no use or load happens in between, which holds for every caller here: the
-scheduler's calls all come before its first issue, and the demand victims' after the layer's hits.
+walk the RES list (`ops.present`), not every uid. The reference computes keep values lazily at
+their first use; computing them earlier is the same as long as no use or load happens in between,
+which holds for every caller here: the scheduler's calls all come before its first issue, and the
+demand victims' after the layer's hits.
 Whether a resident is likely used before a position is worked out where it is asked
 (`victim_at`), only for the layers that come before that position.
 """
