@@ -100,27 +100,70 @@ def _most_valuable(values, uids, k, scratch):
 
 
 @jit
+def _ranked(values, uids, k, eligible):
+    """(ranks, order) of the `eligible` uids among all of `uids` in `_most_valuable`'s order (rank
+    r: r uids come before), only those with rank < k, by rank. One count per eligible uid: cheaper
+    than ordering every uid when few are eligible."""
+    n = len(eligible)
+    ranks = np.empty(n, dtype=np.int64)
+    for j in range(n):
+        e = eligible[j]
+        v, r = values[e], 0
+        for i in range(len(uids)):
+            w = uids[i]
+            r += (values[w] > v) | ((values[w] == v) & (w < e))
+        ranks[j] = r
+    order = np.argsort(ranks, kind="mergesort")
+    m = 0
+    while m < n and ranks[order[m]] < k:
+        m += 1
+    return ranks, order[:m]
+
+
+@jit
 def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WF):
-    """Candidate copies into JI / JF (see the module doc); how many."""
+    """Candidate copies into JI / JF (see the module doc); how many.
+
+    The i-th most valuable candidate pairs with the i-th cheapest resident. A job's profit value -
+    (1 - value) cost exceeds the margin only if its use probability (value) does, whatever its cost
+    (>= 0): only those "eligible" candidates can make jobs, and the costs are needed only up to
+    the last of them."""
     a = candidates(I, F, S, G, TAB, DISC)  # absent, forecast with p >= min_prob ahead
-    # A job's profit value - (1 - value) cost exceeds the margin only if its use probability
-    # (value) does, whatever its cost (>= 0): without such a candidate no pairing can make a job.
-    if a == 0 or G[CANDS_USE] <= G[MARGIN]:
+    margin = G[MARGIN]
+    if a == 0 or G[CANDS_USE] <= margin:
         return 0
     uids = I[CANDS, :a]
-    values = F[VALUES]
-    top = _most_valuable(values, uids, S[MAX_JOBS], WF[0])
-    margin = G[MARGIN]
-    n = 0  # the i-th most valuable pairs with the i-th cheapest resident: only up to the last that can profit
-    for i in range(len(top)):
-        if 1.0 - F[UNUSED, uids[top[i]]] > margin:
-            n = i + 1
+    values, unused = F[VALUES], F[UNUSED]
+    eligible = np.empty(a, dtype=np.int64)
+    ne = 0
+    for i in range(a):
+        eligible[ne] = uids[i]
+        ne += 1.0 - unused[uids[i]] > margin
+    if ne <= 16:
+        ranks, order = _ranked(values, uids, S[MAX_JOBS], eligible[:ne])
+        pos, who = ranks[order], eligible[:ne][order]
+    else:  # many eligible: order the candidates instead
+        top = _most_valuable(values, uids, S[MAX_JOBS], WF[0])
+        m = 0
+        for i in range(len(top)):
+            m += 1.0 - unused[uids[top[i]]] > margin
+        pos, who = np.empty(m, dtype=np.int64), np.empty(m, dtype=np.int64)
+        m = 0
+        for i in range(len(top)):
+            u = uids[top[i]]
+            if 1.0 - unused[u] > margin:
+                pos[m], who[m] = i, u
+                m += 1
+    if len(pos) == 0:
+        return 0
     cost = WF[1]
-    c = cheapest_values(I, F, S, G, TAB, DISC, n, cost)
+    c = cheapest_values(I, F, S, G, TAB, DISC, pos[-1] + 1, cost)  # the cheapest residents pair with them
     k = 0
-    for i in range(min(n, c)):
-        u = uids[top[i]]
-        value = 1.0 - F[UNUSED, u]  # expected hits a copy adds
+    for j in range(len(pos)):
+        i, u = pos[j], who[j]
+        if i >= c:
+            break
+        value = 1.0 - unused[u]  # expected hits a copy adds
         profit = value - (1.0 - value) * cost[i]
         # Do no harm: the newcomer must be worth more than its victim, else it is the next one evicted.
         if profit > margin and values[u] > cost[i]:
