@@ -14,7 +14,7 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled import engine, ops
-from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_use, forecast_update, keep_values,
+from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_uses, forecast_update, keep_values,
                                                victim_at)
 from seqmoe.manager.compiled.layout import (
     CANDS, CANDS_USE, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, LEAD, L_, MARGIN, MAX_JOBS,
@@ -190,7 +190,7 @@ def _cancel_stale(I, F, S, G, EV, TAB, DISC):
             continue
         if q <= S[STEP]:
             I[PF_QUEUED, u] = -1  # its layer has routed
-        elif first_use(I, F, S, G, u) < 0:
+        elif first_uses(I, F, S, G)[u] < 0:
             ops.cancel(I, S, EV, u)  # False once the copy has started: then it simply runs
             I[PF_QUEUED, u] = -1
 

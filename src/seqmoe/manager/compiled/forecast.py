@@ -27,9 +27,9 @@ import numpy as np
 
 from seqmoe.manager.compiled.layout import (
     AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, COSTS, COSTS_MUT, COSTS_N, COSTS_N_ASKED, COSTS_STEP,
-    COSTS_VERSION, E_, FIRST_USE, F_FIRST, F_LAST, LAYER, L_, MAX_HARM, MIN_PROB, MUT, NCANDS, NCOSTS, NUM_PRESENT,
-    PINNED, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT, P_A, P_B, RES, TICK, UNUSED,
-    VALUES, VAL_STEP, VAL_VERSION, VERSION,
+    COSTS_VERSION, E_, FIRST_USE, FU_STEP, FU_VERSION, F_FIRST, F_LAST, LAYER, L_, MAX_HARM, MIN_PROB, MUT, NCANDS,
+    NCOSTS, NUM_PRESENT, PINNED, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT, P_A, P_B,
+    RES, TICK, UNUSED, VALUES, VAL_STEP, VAL_VERSION, VERSION,
 )
 from seqmoe.manager.compiled.prior import first_positions, forecast_end, next_after, priors
 from seqmoe.manager.compiled.recency import least_recent
@@ -96,16 +96,6 @@ def _entries(F, u, in_a, in_b):
 
 
 @jit
-def first_use(I, F, S, G, u):
-    """u's I[FIRST_USE] as `candidates` computes it, for one uid without the pass."""
-    cur, last = S[POL_STEP], S[F_LAST]
-    a, b = first_positions(S, I[LAYER, u])
-    pa, pb = _entries(F, u, 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0)
-    min_prob = G[MIN_PROB]
-    return a if pa >= min_prob else (b if pb >= min_prob else -1)
-
-
-@jit
 def refresh(I, F, S, G, TAB, DISC):
     """Bring the keep values F[VALUES] (F[UNUSED]: P(no forecast use)) up to date for the policy's
     (position, forecast), in one pass over the uids.
@@ -164,28 +154,45 @@ def keep_values(I, F, S, G, TAB, DISC):
 
 
 @jit
+def first_uses(I, F, S, G):
+    """I[FIRST_USE], made current for the policy's (position, forecast). Within one forecast a layer's
+    first uses change only when the position passes one of its two positions: only the layers
+    passed since the last call are redone."""
+    cur, version, L, E = S[POL_STEP], S[VERSION], S[L_], S[E_]
+    since = S[FU_STEP]
+    if S[FU_VERSION] != version or cur < since or cur - since >= L:
+        since = cur - L  # every layer
+    if since == cur:
+        return I[FIRST_USE]
+    last, min_prob = S[F_LAST], G[MIN_PROB]
+    PA, PB, first_use = F[P_A], F[P_B], I[FIRST_USE]
+    for p in range(since + 1, cur + 1):
+        l = p % L
+        a, b = first_positions(S, l)
+        in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
+        for u in range(l * E, (l + 1) * E):
+            first_use[u] = a if PA[u] * in_a >= min_prob else (b if PB[u] * in_b >= min_prob else -1)
+    S[FU_STEP], S[FU_VERSION] = cur, version
+    return first_use
+
+
+@jit
 def candidates(I, F, S, G, TAB, DISC):
-    """The CANDS list: absent uids forecast with p >= min_prob at a position ahead, increasing, with
-    I[FIRST_USE] the first such position, and G[CANDS_USE] the highest P(use within the forecast)
+    """The CANDS list: absent uids forecast with p >= min_prob at a position ahead (I[FIRST_USE]:
+    the first such position), increasing, and G[CANDS_USE] the highest P(use within the forecast)
     among them; its length. Cached per (position, forecast, state)."""
     cur, version, mut = S[POL_STEP], S[VERSION], S[MUT]
     if S[AHEAD_STEP] == cur and S[AHEAD_VERSION] == version and S[CANDS_MUT] == mut:
         return S[NCANDS]
-    unused = F[UNUSED]
     refresh(I, F, S, G, TAB, DISC)
-    L, E, last, min_prob = S[L_], S[E_], S[F_LAST], G[MIN_PROB]
-    PA, PB = F[P_A], F[P_B]
+    first_uses(I, F, S, G)
+    unused, first_use, present, cands = F[UNUSED], I[FIRST_USE], I[PRESENT], I[CANDS]
     na, top_use = 0, 0.0
-    for l in range(L):
-        a, b = first_positions(S, l)
-        in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
-        for u in range(l * E, (l + 1) * E):
-            fu = a if PA[u] * in_a >= min_prob else (b if PB[u] * in_b >= min_prob else -1)
-            I[FIRST_USE, u] = fu
-            I[CANDS, na] = u
-            cand = (fu >= 0) & (I[PRESENT, u] == 0)  # no branch: presence is a coin toss per uid
-            na += cand
-            top_use = max(top_use, cand * (1.0 - unused[u]))
+    for u in range(I.shape[1]):
+        cands[na] = u
+        cand = (first_use[u] >= 0) & (present[u] == 0)  # no branch: presence is a coin toss per uid
+        na += cand
+        top_use = max(top_use, cand * (1.0 - unused[u]))
     S[NCANDS], G[CANDS_USE] = na, top_use
     S[AHEAD_STEP], S[AHEAD_VERSION], S[CANDS_MUT] = cur, version, mut
     return na

@@ -59,7 +59,8 @@ PRIOR_END, NDIRTY, AHEAD_STEP, AHEAD_VERSION = 40, 41, 42, 43  # forecast policy
 CANDS_MUT, COSTS_STEP, COSTS_VERSION, COSTS_MUT = 44, 45, 46, 47  # COSTS_*: the COSTS' key
 MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 48, 49, 50, 51  # deadline scheduler's victim_at answers
 NCANDS, NCOSTS, COSTS_N_ASKED = 52, 53, 54  # COSTS_N_ASKED: how many lowest the COSTS hold at most
-NS = 55
+FU_STEP, FU_VERSION = 55, 56  # the (position, forecast) FIRST_USE holds for
+NS = 57
 
 COSTS_N = 64
 """Lowest resident keep values kept for the scheduler (it pairs at most max_jobs candidates with them)."""
