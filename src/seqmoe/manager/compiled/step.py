@@ -52,9 +52,10 @@ def _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
 
 
 @jit
-def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf):
+def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf, finish):
     """The router of the layer at `step` revealed `needed` ([K] uids) at time `reveal`: count hits,
-    queue demand copies. Returns (status, the time its experts can start)."""
+    queue demand copies (and `finish_layer` when `finish`: no decisions come in between). Returns
+    (status, the time its experts can start)."""
     S[STEP] = step
     G[NOW] = reveal
     ops.finish_copies(I, F, S, G, DQ, PH, RQI, RQF, reveal, buf)
@@ -122,6 +123,8 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
                     t = reveal
             if t > start:
                 start = t
+    if finish:
+        finish_layer(I, G, needed, reveal, start)
     return OK, start
 
 
