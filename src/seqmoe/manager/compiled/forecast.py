@@ -26,10 +26,10 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled.layout import (
-    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, COSTS, COSTS_MUT, COSTS_N, COSTS_N_ASKED, COSTS_STEP,
-    COSTS_VERSION, E_, FIRST_USE, FU_STEP, FU_VERSION, F_FIRST, F_LAST, LAYER, L_, MAX_HARM, MIN_PROB, MUT, NCANDS,
-    NCOSTS, NUM_PRESENT, PINNED, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP, PRESENT, P_A, P_B,
-    RES, TICK, UNUSED, VALUES, VAL_STEP, VAL_VERSION, VERSION,
+    AHEAD_STEP, AHEAD_VERSION, CANDS, CANDS_MUT, CANDS_USE, CHEAP, COSTS, COSTS_MUT, COSTS_N, COSTS_N_ASKED,
+    COSTS_STEP, COSTS_VERSION, E_, FIRST_USE, FU_STEP, FU_VERSION, F_FIRST, F_LAST, LAYER, L_, MAX_HARM, MIN_PROB,
+    MUT, NCANDS, NCOSTS, NUM_PRESENT, PINNED, POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POL_STEP,
+    PRESENT, P_A, P_B, RES, TICK, UNUSED, VALUES, VAL_STEP, VAL_VERSION, VERSION, VICTIM_PREFIX,
 )
 from seqmoe.manager.compiled.prior import first_positions, forecast_end, next_after, priors
 from seqmoe.manager.compiled.recency import least_recent
@@ -199,36 +199,52 @@ def candidates(I, F, S, G, TAB, DISC):
 
 
 @jit
-def cheapest_values(I, F, S, G, TAB, DISC, n, out):
-    """The `n` (<= COSTS_N) lowest keep values of the residents, pinned or not, ascending into `out`;
-    how many. Cached per (position, forecast, state), for the largest n asked under that key."""
+def cheapest(I, F, S, G, TAB, DISC, n):
+    """The `n` (<= COSTS_N) cheapest residents, pinned or not, in (keep value, tick) order: uids in
+    I[CHEAP], values in F[COSTS]; how many. Cached per (position, forecast, state), for the
+    largest n asked under that key."""
     values = keep_values(I, F, S, G, TAB, DISC)
     n = min(n, COSTS_N)
     if not (S[COSTS_STEP] == S[POL_STEP] and S[COSTS_VERSION] == S[VERSION] and S[COSTS_MUT] == S[MUT]
             and S[COSTS_N_ASKED] >= n):
-        S[NCOSTS] = _lowest_resident(I, S, values, n, F[COSTS])
+        S[NCOSTS] = _lowest_resident(I, S, values, n, F[COSTS], I[CHEAP])
         S[COSTS_STEP], S[COSTS_VERSION], S[COSTS_MUT], S[COSTS_N_ASKED] = S[POL_STEP], S[VERSION], S[MUT], n
-    m = min(n, S[NCOSTS])
+    return min(n, S[NCOSTS])
+
+
+@jit
+def cheapest_values(I, F, S, G, TAB, DISC, n, out):
+    """The `n` (<= COSTS_N) lowest keep values of the residents, pinned or not, ascending into `out`;
+    how many (see `cheapest`)."""
+    m = cheapest(I, F, S, G, TAB, DISC, n)
     out[:m] = F[COSTS, :m]
     return m
 
 
 @jit
-def _lowest_resident(I, S, values, k, out):
-    """The k lowest values of the residents, ascending, into out; how many."""
+def _lowest_resident(I, S, values, k, out_v, out_u):
+    """The k residents lowest in (value, tick), in that order: values into out_v, uids into out_u;
+    how many."""
     m = min(k, S[NUM_PRESENT])
     if m == 0:
         return 0
-    out[:m] = np.inf
+    out_v[:m] = np.inf
+    out_u[:m] = -1  # a free place: after every resident, even one of value inf
+    tick = I[TICK]
     for i in range(S[NUM_PRESENT]):
-        x = values[I[RES, i]]
-        if x >= out[m - 1]:
+        u = I[RES, i]
+        x = values[u]
+        w = out_u[m - 1]
+        if x > out_v[m - 1] or (x == out_v[m - 1] and w >= 0 and tick[u] > tick[w]):
             continue
         j = m - 1
-        while j > 0 and out[j - 1] > x:
-            out[j] = out[j - 1]
+        while j > 0:
+            w = out_u[j - 1]
+            if out_v[j - 1] < x or (out_v[j - 1] == x and w >= 0 and tick[w] < tick[u]):
+                break
+            out_v[j], out_u[j] = out_v[j - 1], w
             j -= 1
-        out[j] = x
+        out_v[j], out_u[j] = x, u
     return m
 
 
@@ -254,9 +270,18 @@ def victim_at(I, F, S, G, TAB, DISC, step):
     values = keep_values(I, F, S, G, TAB, DISC)
     cur, last, L, E = S[POL_STEP], S[F_LAST], S[L_], S[E_]
     bound = 1.0 - G[MAX_HARM]
-    # The victim: the cheapest resident not busy (a uid is checked only when it would improve on the best).
+    # The victim: the cheapest resident not busy, most often among the few cheapest.
     victim, best_v, best_t = -1, np.inf, 0
-    for i in range(S[NUM_PRESENT]):
+    m = cheapest(I, F, S, G, TAB, DISC, VICTIM_PREFIX)
+    for i in range(m):
+        u = I[CHEAP, i]
+        a, b = first_positions(S, I[LAYER, u])
+        in_a, in_b = 1.0 if cur < a <= last else 0.0, 1.0 if cur < b <= last else 0.0
+        if not _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
+            victim = u
+            break
+    # Else all of them: a uid is checked only when it would improve on the best.
+    for i in range(S[NUM_PRESENT] if victim < 0 and m < S[NUM_PRESENT] else 0):
         u = I[RES, i]
         x = values[u]
         if victim >= 0 and (x > best_v or (x == best_v and I[TICK, u] > best_t)):

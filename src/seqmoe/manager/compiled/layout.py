@@ -29,7 +29,8 @@ DIRTY = 16  # forecast policy: uids whose prior changed since it was computed (a
 CANDS = 17  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS of them)
 RES = 18  # the PRESENT uids in no order (NUM_PRESENT of them): passes over residents skip the absent
 RES_AT = 19  # where the uid stands in RES, -1 when absent
-NI = 20
+CHEAP = 20  # forecast policy: the uids of COSTS, in (keep value, tick) order
+NI = 21
 
 # -- per-uid float fields (rows of F) -------------------------------------------------------------
 DONE_AT = 0  # engine: completion time of a started, unfinished copy
@@ -64,6 +65,8 @@ NS = 57
 
 COSTS_N = 64
 """Lowest resident keep values kept for the scheduler (it pairs at most max_jobs candidates with them)."""
+VICTIM_PREFIX = 8
+"""Cheapest residents `victim_at` looks through before it scans them all."""
 
 # -- float scalars (G) ----------------------------------------------------------------------------
 NOW, FREE_AT, PACE, STALL = 0, 1, 2, 3
