@@ -294,6 +294,7 @@ def victim_at(I, F, S, G, TAB, DISC, step):
     end = forecast_end(S, step - 1)
     prior = priors(I, F, S, TAB, end)
     low, any_busy = np.inf, False
+    PA, PB = F[P_A], F[P_B]
     for l in range(L):
         a, b = first_positions(S, l)
         if a >= step:  # no position of this layer before `step`: none of its uids is busy
@@ -302,8 +303,11 @@ def victim_at(I, F, S, G, TAB, DISC, step):
         tail = DISC[0, next_after(S, end, l) - (step - 1)]
         da, db = DISC[0, max(a - (step - 1), 0)], DISC[0, max(b - (step - 1), 0)]
         la, lb = 1.0 if a >= step else 0.0, 1.0 if b >= step else 0.0  # entries from `step` on
+        b_before = b < step
         for u in range(l * E, (l + 1) * E):
-            if not I[PRESENT, u] or not _busy(I, F, S, u, step, in_a, in_b, a, b, bound):
+            # `_busy` inline (a < step here): most uids are not, so that is told before presence
+            stay_a = 1.0 - PA[u] * in_a
+            if not (stay_a < bound or (b_before and stay_a * (1.0 - PB[u] * in_b) < bound)) or not I[PRESENT, u]:
                 continue
             any_busy = True
             if victim < 0:
