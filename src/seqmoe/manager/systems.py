@@ -237,4 +237,6 @@ def _seqmoe_markov(inp: SystemInputs) -> System:
 def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
     t = inp.test
     policy = ForecastPolicy.from_trace(inp.train)
-    return System("seqmoe-oracle-forecast", policy, OracleForecaster(t, 20 * t.num_layers), DeadlinePrefetcher(policy))
+    # Re-planning after each layer's compute pays with a certain forecast (not with seqmoe's: docs/LOG.md).
+    return System("seqmoe-oracle-forecast", policy, OracleForecaster(t, 20 * t.num_layers),
+                  DeadlinePrefetcher(policy, replan_after_compute=True))
