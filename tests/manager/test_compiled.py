@@ -111,7 +111,8 @@ def test_the_observer_hears_the_same_calls_in_the_same_order():
     for cls in (MemoryManager, CompiledManager):
         rec = _Recorder()
         policy = ForecastPolicy.from_trace(train)  # plans after each layer too: promotions happen then
-        system = System("markov", policy, AffinityPredictor(train), DeadlinePrefetcher(policy, replan_after_compute=True))
+        pre = DeadlinePrefetcher(policy, replan_after_compute=True)
+        system = System("markov", policy, AffinityPredictor(train), pre)
         m = cls(system, model=tiny_model(test), hardware=tiny_hardware(3e8), capacity=C, start=start, observer=rec)
         d = Driver(m)
         for t in range(test.num_tokens):

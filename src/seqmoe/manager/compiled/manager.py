@@ -100,7 +100,8 @@ class CompiledManager(ManagerBase):
         self._state = (I, F, S, G, self.DQ, self.PH, self.RQI, self.RQF)
         self._serve_args = self._state + (self.EV, self.TAB, self.DISC)
         self._plan_args = self._serve_args + ((self.JI, self.JF, self.WF, self.MI) if self._plans else ())
-        self._no_forecast = self._plan_args + (False, _NO_STEPS, _NO_PROBS, np.float32(0.0))  # the args of every layer without a forecast, built once
+        # `decide`'s arguments at every layer without a new forecast, built once
+        self._no_forecast = self._plan_args + (False, _NO_STEPS, _NO_PROBS, np.float32(0.0))
         self.decision_s = 0.0
 
     def _setup_policy(self, policy) -> None:
