@@ -12,8 +12,8 @@ compiled one where the system has it, `seqmoe.manager.build_manager`):
   and cached, about 20 s).
 For each (workload, system): decision microseconds per token (host time inside the manager's
 decision calls: predictor, scheduler, eviction, bookkeeping; the median of --repeats runs),
-simulated activations per second of wall time, and the hit rate. Prints a table, then one JSON line. Numbers are for an otherwise idle
-machine: a busy one inflates them.
+simulated activations per second of wall time, and the hit rate. Prints a table, then one JSON
+line. Numbers are for an otherwise idle machine: a busy one inflates them.
 """
 
 from __future__ import annotations
