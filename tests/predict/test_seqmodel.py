@@ -18,7 +18,8 @@ from seqmoe.predict.evaluate import evaluate_predictor  # noqa: E402
 from seqmoe.predict.seqmodel import (  # noqa: E402
     SeqConfig, SeqPredictor, load_seq_predictor, save_checkpoint, trace_buckets,
 )  # fmt: skip
-from seqmoe.predict.train import SeqNet, train_seq_predictor  # noqa: E402
+from seqmoe.predict.seqnet import SeqNet  # noqa: E402
+from seqmoe.predict.train import train_seq_predictor  # noqa: E402
 from seqmoe.trace.schema import RoutingTrace, TraceMeta  # noqa: E402
 from tests.conftest import make_trace  # noqa: E402
 

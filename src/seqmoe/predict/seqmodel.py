@@ -1,6 +1,6 @@
 """Sequence-to-sequence expert forecasting: a GRU over routing history, run incrementally in numpy.
 
-The network (trained by `seqmoe.predict.train`, which holds its PyTorch twin) reads positions
+The network (trained by `seqmoe.predict.train`; its PyTorch twin is `seqnet.SeqNet`) reads positions
 (token t, layer l) in execution order, `step = t * L + l`:
 
 - a token-level GRU: input x_t = route_in^T m_t + tok_in[b_t], where m_t is token t's full
