@@ -3,7 +3,7 @@ compiled forecast policy, the same candidates, plan, issue order and victims as 
 
 Scratch: JI int64 [2, max_jobs] and JF float64 [2, max_jobs] hold the cached candidates (uid,
 deadline step; expected hits, profit) and MI int64 [3, 4 max_tries] the answers of `victim_at`,
-both valid while the policy's (position, forecast, state) key holds; WF float64 [2, L * E] is
+both valid while the policy's (position, forecast, state) key holds; WF float64 [1, L * E] is
 working space.
 """
 
@@ -14,12 +14,12 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled import engine, ops
-from seqmoe.manager.compiled.forecast import (candidates, cheapest_values, first_uses, forecast_update, keep_values,
+from seqmoe.manager.compiled.forecast import (candidates, cheapest, first_uses, forecast_update, keep_values,
                                                victim_at)
 from seqmoe.manager.compiled.layout import (
-    CANDS, CANDS_USE, COPY_S, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, LEAD, L_, MARGIN, MAX_JOBS,
-    MAX_TRIES, MEMO_MUT, MEMO_STEP, MEMO_VERSION, MUT, NJOBS, NMEMO, NOW, PACE, PF_QUEUED, POL_STEP, STEP, TOKEN_S,
-    UNUSED, VALUES, VERSION,
+    CANDS, CANDS_USE, COPY_S, COSTS, FIRST_USE, JOBS_KEY_MUT, JOBS_KEY_STEP, JOBS_KEY_VERSION, LEAD, L_, MARGIN,
+    MAX_JOBS, MAX_TRIES, MEMO_MUT, MEMO_STEP, MEMO_VERSION, MUT, NJOBS, NMEMO, NOW, PACE, PF_QUEUED, POL_STEP, STEP,
+    TOKEN_S, UNUSED, VALUES, VERSION,
 )
 
 jit = nb.njit(cache=True)
@@ -156,8 +156,8 @@ def _find_jobs(I, F, S, G, TAB, DISC, JI, JF, WF):
                 m += 1
     if len(pos) == 0:
         return 0
-    cost = WF[1]
-    c = cheapest_values(I, F, S, G, TAB, DISC, pos[-1] + 1, cost)  # the cheapest residents pair with them
+    c = cheapest(I, F, S, G, TAB, DISC, pos[-1] + 1)  # the cheapest residents pair with them
+    cost = F[COSTS]
     k = 0
     for j in range(len(pos)):
         i, u = pos[j], who[j]

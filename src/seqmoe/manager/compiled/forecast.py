@@ -213,15 +213,6 @@ def cheapest(I, F, S, G, TAB, DISC, n):
 
 
 @jit
-def cheapest_values(I, F, S, G, TAB, DISC, n, out):
-    """The `n` (<= COSTS_N) lowest keep values of the residents, pinned or not, ascending into `out`;
-    how many (see `cheapest`)."""
-    m = cheapest(I, F, S, G, TAB, DISC, n)
-    out[:m] = F[COSTS, :m]
-    return m
-
-
-@jit
 def _lowest_resident(I, S, values, k, out_v, out_u):
     """The k residents lowest in (value, tick), in that order: values into out_v, uids into out_u;
     how many."""

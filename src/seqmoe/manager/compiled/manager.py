@@ -100,8 +100,7 @@ class CompiledManager(ManagerBase):
         self._state = (I, F, S, G, self.DQ, self.PH, self.RQI, self.RQF)
         self._serve_args = self._state + (self.EV, self.TAB, self.DISC)
         self._plan_args = self._serve_args + ((self.JI, self.JF, self.WF, self.MI) if self._plans else ())
-        # `decide`'s arguments at every layer without a new forecast, built once
-        self._no_forecast = self._plan_args + (False, _NO_STEPS, _NO_PROBS, np.float32(0.0))
+        self._no_forecast = (False, _NO_STEPS, _NO_PROBS, np.float32(0.0))  # `_forecast_args(None)`, built once
         self.decision_s = 0.0
 
     def _setup_policy(self, policy) -> None:
@@ -134,7 +133,7 @@ class CompiledManager(ManagerBase):
         self.JF = np.zeros((2, pre.max_jobs), np.float64)
         self.MI = np.zeros((3, 4 * pre.max_tries), np.int64)
         n = self.num_layers * self.num_experts
-        self.WF = np.zeros((2, n), np.float64)
+        self.WF = np.zeros((1, n), np.float64)
 
     # -- the driver API ---------------------------------------------------------------------------------
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:
@@ -152,24 +151,19 @@ class CompiledManager(ManagerBase):
         # for cold caches (~20 us at seqmoe-tiny's dimensions), a call in the same burst ~1 us. The
         # predictor does not read the pool, so it observes and forecasts before the layer is served.
         t0 = time.perf_counter()
-        pred, ok = self.predictor, True
+        pred, ok, fc = self.predictor, True, None
         if pred is not None and ids is not None:
             pred.observe(step_, ids)
         if self._plans:
             fc = pred.predict(step_)
-            if fc is None:
-                args = self._no_forecast
-            else:
-                args = self._plan_args + (True, fc.steps, fc.probs, fc.probs.dtype.type(self.G[FLOOR]))
-            status, start, ok = step.layer(*args[:15], needed, step_, reveal, self.buf, *args[15:])
+            status, start, ok = step.layer(*self._plan_args, needed, step_, reveal, self.buf, *self._forecast_args(fc))
         else:
             status, start = step.serve(*self._serve_args, needed, step_, reveal, self.buf, True)
         if self.S[NEV]:
             self._deliver()
         if status != OK:
             raise UserError(f"no slot can be freed at position {step_}: {self.capacity} slots are all copying")
-        if not ok:
-            raise ValueError(f"a forecast of {len(fc.steps)} positions does not fit the compiled policy")
+        self._check_fit(ok, fc)
         self.decision_s += time.perf_counter() - t0
         return start
 
@@ -185,15 +179,22 @@ class CompiledManager(ManagerBase):
         if not self._plans:
             return
         fc = self.predictor.predict(step_)
-        if fc is None:
-            ok = step.decide(*self._no_forecast)
-        else:
-            probs = fc.probs
-            ok = step.decide(*self._plan_args, True, fc.steps, probs, probs.dtype.type(self.G[FLOOR]))
-        if not ok:
-            raise ValueError(f"a forecast of {len(fc.steps)} positions does not fit the compiled policy")
+        ok = step.decide(*self._plan_args, *self._forecast_args(fc))
         if self.S[NEV]:
             self._deliver()
+        self._check_fit(ok, fc)
+
+    def _forecast_args(self, fc) -> tuple:
+        """The kernels' (new_forecast, steps, probs, floor) for a forecast or None (the floor in the
+        dtype of the probabilities, as numpy compares them)."""
+        if fc is None:
+            return self._no_forecast
+        return True, fc.steps, fc.probs, fc.probs.dtype.type(self.G[FLOOR])
+
+    @staticmethod
+    def _check_fit(ok: bool, fc) -> None:
+        if not ok:
+            raise ValueError(f"a forecast of {len(fc.steps)} positions does not fit the compiled policy")
 
     def _deliver(self) -> None:
         """Hand the events of the last call to the observer, in order."""
