@@ -64,8 +64,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
         "bench-runtime",
         help="tokens/s of greedy decode: full model vs offloaded systems and residencies (CPU)",
         description="Decode built-in Python snippets (or --prompt) greedily with the full model and with each "
-        "--systems x --residencies offloaded on the CPU, the copy worker emulating a link on which one expert copy "
-        "takes --link-ratio x one layer's measured expert compute; print tokens/s, hit rate and the host overhead "
+        "--systems x --residencies offloaded on the CPU over an emulated link on which every expert row that crosses "
+        "it (a copy, or a missed row read in place) takes --link-ratio x one layer's measured expert compute; print tokens/s, hit rate and the host overhead "
         "per token, then one JSON line.",
     )
     b.add_argument("--model", default="seqmoe-tiny", metavar="PATH_OR_NAME", help="model folder or seqmoe-tiny (default)")

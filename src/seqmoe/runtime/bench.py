@@ -12,8 +12,8 @@ before each offloaded run and `vs_full` divides by that (other load on the machi
 thread spends in the runtime's hooks, control plane and experts wrapper (`OffloadRuntime.host_s`)
 per decode token; the gathers of routed rows (data plane, `gather_s`) are reported apart.
 
-The link (the copy worker's emulated host->device link, and the cost model's bandwidth) is scaled
-to the model: one expert copy takes `link_ratio` times one layer's routed-expert compute as measured
+The link (the pool's emulated host->device link: copies and in-place reads of missed rows cost
+link time, a miss waits for its copy; and the cost model's bandwidth) is scaled to the model: one expert copy takes `link_ratio` times one layer's routed-expert compute as measured
 on the full model on this CPU (default 1: about the regime of a small MoE on a GPU over PCIe,
 where a copy costs roughly one layer's compute or more). The cost model's memory rate is set so that
 its full-load token time equals the measured one, so the control plane's virtual clock runs at

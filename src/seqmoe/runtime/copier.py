@@ -3,8 +3,8 @@
 The control plane queues a copy when the state machine issues it (`seqmoe.manager` -> observer ->
 `submit`). Like the simulator's `CopyEngine`, the worker runs one copy at a time, demand copies
 first in issue order, then prefetches earliest deadline first; a promoted prefetch is queued again
-as a demand copy. A copy whose slot changed hands before it ran is skipped. With `link_s` set
-the worker also sleeps that long per copy, to emulate a slower host link on a CPU machine.
+as a demand copy. A copy whose slot changed hands before it ran is skipped. With the pool's
+emulated link (`ExpertPool.link_s`) the worker also sleeps that long per copy.
 """
 
 from __future__ import annotations
@@ -21,12 +21,10 @@ class CopyWorker:
 
     Args:
         pool: the slots to fill.
-        link_s: extra seconds per copy (emulated link), or None.
     """
 
-    def __init__(self, pool: ExpertPool, link_s: float | None = None) -> None:
+    def __init__(self, pool: ExpertPool) -> None:
         self.pool = pool
-        self.link_s = link_s
         self._queue: list[tuple[int, int, int, int, int, int]] = []  # (class, key, seq, uid, slot, gen)
         self._seq = 0
         self._cv = threading.Condition()
@@ -74,8 +72,8 @@ class CopyWorker:
                 if not self.pool.wanted(uid, slot, gen):
                     self.skipped += 1
                     continue
-                if self.link_s:
-                    time.sleep(self.link_s)
+                if self.pool.link_s:
+                    time.sleep(self.pool.link_s)
                 if self.pool.fill(uid, slot, gen, stop=lambda: self._stop):
                     self.copies += 1
                 else:

@@ -121,7 +121,8 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         train: routing trace of this model for systems that learn (start placement, statistics);
             without it the pool starts empty.
         hardware: hardware profile (preset name, file or object) of the cost model (default `DEFAULT_HARDWARE`).
-        emulate_link: the copy worker sleeps one copy time per copy (an emulated link on CPU).
+        emulate_link: CPU only: every expert row crossing the link costs one copy time of the cost
+            model (copies and in-place reads; a miss waits for its copy), see `pool`.
         control: "thread" (default on CUDA): decode steps post their routing to a mailbox and a
             control thread runs the state machine, so a decode step never synchronises with the host
             and can be captured as a CUDA graph (`DecodeGraph`); "inline" (default on the CPU): the
@@ -204,12 +205,13 @@ def _assemble(model, plan: _Plan, emulate_link: bool) -> OffloadRuntime:
         move_model(model, device, undo)  # the dense remainder only: the routed experts are already out
         mp = measure_profile(model, arch, layout)
         fence = ReadFence(device) if plan.control == "thread" else None
-        pool = ExpertPool(hosts, C, device, slots=allocate_slots(C, layout, device, L * E), fence=fence)
+        pool = ExpertPool(hosts, C, device, slots=allocate_slots(C, layout, device, L * E), fence=fence,
+                          link_s=copy_time_s(mp, hw) if emulate_link else None)
         for uid in plan.start:
             pool.load_now(uid)
         controller = Controller(plan.system, L, E, K, plan.meta)
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
-        worker = CopyWorker(pool, copy_time_s(mp, hw) if emulate_link else None)
+        worker = CopyWorker(pool)
         undo.push(worker.close)
         controller.attach(manager, pool, worker)
         if plan.control == "thread":

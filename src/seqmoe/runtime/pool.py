@@ -54,6 +54,14 @@ says no such read can remain. The argument, for a slot s whose owner u is releas
 In the inline mode releases happen on the model thread between its own reads: on the CPU nothing
 can be in flight; on CUDA a copy into a released slot waits (on its stream) for an event recorded
 on the model's stream at the release.
+
+Emulated link (`link_s`, CPU benchmarks): a CPU machine has no link, so a miss would cost nothing
+and foresight could not pay. With `link_s` set every expert row that crosses the link costs that
+long: the copy worker sleeps it per copy, and a read of a host row sleeps it too, except that in
+the inline mode a miss whose copy is already queued waits for that copy instead (the cost model's
+demand copy: the layer waits for one copy, which goes ahead of queued prefetches). The in-place
+reads and the worker's copies are not serialised against each other (a simplification: the one
+real link would share its bandwidth between them).
 """
 
 from __future__ import annotations
@@ -81,12 +89,17 @@ class ExpertPool:
         device: where the pool and the table live.
         slots: the [C, P] device pool, when already allocated (`offload` allocates it first).
         fence: thread mode: the `ReadFence` that releases wait on (None: inline mode).
+        link_s: emulated link, seconds per expert row crossing it (CPU only; None: the real link).
     """
 
     def __init__(self, hosts: list[torch.Tensor], capacity: int, device: torch.device, *,
-                 slots: torch.Tensor | None = None, fence: ReadFence | None = None) -> None:
+                 slots: torch.Tensor | None = None, fence: ReadFence | None = None,
+                 link_s: float | None = None) -> None:
         if capacity < 1:
             raise UserError(f"the device pool needs at least one slot, got {capacity}")
+        if link_s is not None and device.type != "cpu":
+            raise UserError(f"an emulated link is for a CPU pool (the {device.type} device has its own link)")
+        self.link_s = link_s
         self.hosts = hosts
         self.num_layers = len(hosts)
         self.num_experts, self.numel = hosts[0].shape
@@ -106,6 +119,7 @@ class ExpertPool:
         self.fence = fence
         self._reuse: list[tuple[int, int] | None] = [None] * capacity  # what a refill waits for (thread mode)
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # a slot published or released (emulated link)
         self.slot_of: dict[int, int] = {}  # uid -> slot (assigned; maybe not yet copied)
         self.owner = [-1] * capacity
         self.gen = [0] * capacity
@@ -182,6 +196,7 @@ class ExpertPool:
     def _publish(self, layer: int, e: int, slot: int) -> None:
         self.table_host[layer, e] = slot
         self.version += 1
+        self._changed.notify_all()
         if self.fence is not None:
             self.fence.publish(self.version)  # after the table store (see the module docstring)
 
@@ -238,16 +253,33 @@ class ExpertPool:
         self.peak_gathered = max(self.peak_gathered, len(experts))
         if not experts:
             return self.pool.new_empty((0, self.numel))
-        table, host, parts = self.table_host[layer], self.hosts[layer], []
+        table, host, parts, crossed = self.table_host[layer], self.hosts[layer], [], 0
         for e in experts:
             slot = -1 if host_only else int(table[e])
+            if slot < 0 and self.link_s and self.fence is None and not host_only:
+                slot = self._await_copy(layer * self.num_experts + e)
             if slot >= 0:
                 parts.append(self.pool[slot])
                 self.pool_reads += 1
             else:
                 parts.append(host[e].to(self.device, non_blocking=True))
                 self.host_reads += 1
+                crossed += 1
+        if self.link_s and crossed:
+            time.sleep(crossed * self.link_s)
         return torch.stack(parts)
+
+    def _await_copy(self, uid: int) -> int:
+        """Emulated link, inline mode: wait for `uid`'s queued copy; its slot, or -1 if it has none
+        (or the copy did not land within a generous time, e.g. the worker stopped: the host row is
+        read instead, which is always exact)."""
+        slot = self.slot_of.get(uid)
+        if slot is None:
+            return -1
+        with self._changed:
+            self._changed.wait_for(lambda: self.loaded[slot] or self.owner[slot] != uid,
+                                   timeout=max(1.0, 1000 * self.link_s))
+            return slot if self.loaded[slot] and self.owner[slot] == uid else -1
 
     def gather_posted(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
         """[K, P] rows of one position's routed `ids` [K] (device tensor), with no host value read:
@@ -258,8 +290,11 @@ class ExpertPool:
             self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
             self._slots_posted = torch.empty((n,), dtype=torch.int32, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
-        return gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), self._staging,
+        rows = gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), self._staging,
                            self.device_reads, self._slots_posted)
+        if self.link_s:  # a CPU pool: the missed rows were read in place over the emulated link
+            time.sleep(int((self._slots_posted < 0).sum()) * self.link_s)
+        return rows
 
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""
