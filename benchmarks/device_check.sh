@@ -5,6 +5,12 @@
 # The seqmoe system needs a forecaster checkpoint of seqmoe-tiny at results/carry/predictor (copy the
 # demo's from ~/.cache/seqmoe/predictors/demo-*; carry results/carry).
 #   device run: bash benchmarks/device_check.sh        (about 4 minutes; give it timeout_s=540)
+# The real-size part (issue 14; REALSIZE=1 CHECKS=0 to run it alone, in one run of at most 8 minutes)
+# needs, carried in results/carry: ds-test.safetensors, ds-train.safetensors (a part of the training
+# split: the carry limit is 64 MiB) and ds-predictor/, made here by
+#   python -c "from seqmoe.trace.io import load_trace, save_trace; save_trace(load_trace('results/ds/train.safetensors').head(40000), 'results/carry/ds-train.safetensors')"
+#   cp results/ds/test.safetensors results/carry/ds-test.safetensors; cp -r results/ds/predictor results/carry/ds-predictor
+# and the Mixtral routing (results/carry/mixtral/*_routing.jsonl from ../shared). Not yet run on a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device}
@@ -14,6 +20,7 @@ PRED=results/carry/predictor
 {
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__, 'triton', triton.__version__)"
+  if [ "${CHECKS:-1}" = 1 ]; then
   echo "== GPU tests (the slot fence of issue 11: long prompts, large experts, a second request, in test_fence.py)"
   timeout 240 python3 -m pytest -q -m gpu tests/runtime -p no:cacheprovider -rs -W ignore::FutureWarning
   echo "== Triton kernels against the torch ops, interpreted on the CPU"
@@ -23,6 +30,16 @@ PRED=results/carry/predictor
   echo "== seqmoe generate --graph on cuda"
   timeout 40 python3 -m seqmoe.cli generate --model seqmoe-tiny --device cuda --residency 0.25 --system on-demand-lru \
       --prompt "def parse_args(argv):" --max-new-tokens 64 --graph --json 2>&1 | tail -4
+  fi
+  if [ "${REALSIZE:-0}" = 1 ]; then
+    C=results/carry
+    echo "== real size: DeepSeek-V2-Lite shapes (27 layers, bf16, random weights), routing of unseen prompts"
+    timeout 300 python3 benchmarks/realsize.py --arch deepseek-v2-lite --device cuda --trace $C/ds-test.safetensors \
+        --train $C/ds-train.safetensors --predictor $C/ds-predictor --tokens 400 --out "$OUT/realsize_ds.jsonl" 2>&1 | grep -v Warning
+    echo "== real size: Mixtral-8x7B shapes, its first 16 of 32 layers (host memory for the pinned experts)"
+    timeout 150 python3 benchmarks/realsize.py --arch mixtral-8x7b --device cuda --layers 16 --trace $C/mixtral \
+        --systems on-demand-lru,moe-infinity-style,belady,oracle-prefetch --tokens 300 --out "$OUT/realsize_mixtral.jsonl" 2>&1 | grep -v Warning
+  fi
   if [ "${CPU_SUITE:-1}" = 1 ]; then
     echo "== CPU suite of the runtime on this machine's transformers"
     timeout 100 python3 -m pytest -q tests/runtime -p no:cacheprovider -m "not gpu" -x -W ignore::FutureWarning 2>&1 | tail -5

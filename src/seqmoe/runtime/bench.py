@@ -92,32 +92,33 @@ def _timed_passes(model, prompts: list[list[int]], new_tokens: int, repeats: int
     return {**best, "decode_tokens": n, "tokens_per_s": n / best["wall_s"]}
 
 
-def expert_layer_seconds(model, layers, prompt: list[int], new_tokens: int) -> float:
-    """Median seconds of one MoE layer's routed-expert compute for one decode token (full model)."""
+def expert_layer_seconds(layers, run) -> float:
+    """Median seconds of one MoE layer's routed-expert compute for one token while `run()` decodes
+    with the full model (its first L calls, the prompt forward, left out)."""
     times: list[float] = []
     start: list[float] = []
     experts = [m.experts for m in layers]
     handles = [x.register_forward_pre_hook(lambda *a: start.append(time.perf_counter())) for x in experts]
     handles += [x.register_forward_hook(lambda *a: times.append(time.perf_counter() - start.pop())) for x in experts]
     try:
-        greedy_decode(model, prompt, new_tokens)
+        run()
     finally:
         for h in handles:
             h.remove()
-    decode = sorted(times[len(layers):])  # the first L calls are the prompt forward
+    decode = sorted(times[len(layers):])
     return decode[len(decode) // 2]
 
 
-def cpu_hardware(mp: ModelProfile, token_s: float, copy_s: float) -> HardwareProfile:
-    """A cost model of this CPU: full-load token time `token_s`, one expert copy `copy_s`."""
-    unit = dataclasses.replace(_UNIT, h2d_bytes_per_s=mp.expert_bytes / copy_s)
+def measured_hardware(mp: ModelProfile, token_s: float, copy_s: float, overhead_s: float = 0.0,
+                      name: str = "cpu (measured)") -> HardwareProfile:
+    """A cost model of the machine at hand: full-load token time `token_s`, one expert copy `copy_s`
+    of which `overhead_s` is fixed per copy."""
+    unit = HardwareProfile(name=name, h2d_bytes_per_s=mp.expert_bytes / (copy_s - overhead_s),
+                           copy_overhead_s=overhead_s, hbm_bytes_per_s=1.0, hbm_efficiency=1.0,
+                           device_memory_bytes=1 << 40)
     rate = full_load_token_s(mp, unit) / token_s  # full_load_token_s is linear in 1 / hbm rate
     return dataclasses.replace(unit, hbm_bytes_per_s=rate, source=f"measured: {1e3 * token_s:.3f} ms/token, "
                                f"{1e6 * copy_s:.1f} us/copy")
-
-
-_UNIT = HardwareProfile(name="cpu (measured)", h2d_bytes_per_s=1.0, copy_overhead_s=0.0, hbm_bytes_per_s=1.0,
-                        hbm_efficiency=1.0, device_memory_bytes=1 << 40)
 
 
 def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
@@ -171,7 +172,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     greedy_decode(model, ids[0], min(new_tokens, 4))  # warm-up
     full = _timed_passes(model, ids, new_tokens, repeats)
     log(f"full load: {full['tokens_per_s']:.1f} tokens/s")
-    expert_s = expert_layer_seconds(model, layers, ids[0], new_tokens)
+    expert_s = expert_layer_seconds(layers, lambda: greedy_decode(model, ids[0], new_tokens))
     if train is None:
         if tokenizer is None:
             raise UserError("without train= the bench collects a trace over text prompts: give a tokenizer")
@@ -180,7 +181,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     probe = offload(model, 1.0, DEFAULT_SYSTEM)  # the measured model profile (bytes), then undo
     mp = probe.model_profile
     probe.restore()
-    hw = cpu_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s)
+    hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s)
     if any(ALL[s].needs_predictor for s in systems):
         predictor = _forecaster(train, predictor, predictor_minutes, log)
     runs = []

@@ -33,6 +33,7 @@ class CopyWorker:
         self._error: BaseException | None = None
         self.copies = 0  # copies published
         self.skipped = 0  # copies dropped because the slot changed hands
+        self._link_free = 0.0  # when the emulated link's last copy ends (perf_counter seconds)
         self._thread = threading.Thread(target=self._run, name="seqmoe-copy", daemon=True)
         self._stream = None
         if pool.device.type == "cuda":
@@ -73,7 +74,7 @@ class CopyWorker:
                     self.skipped += 1
                     continue
                 if self.pool.link_s:
-                    time.sleep(self.pool.link_s)
+                    self._emulate_link()
                 if self.pool.fill(uid, slot, gen, stop=lambda: self._stop):
                     self.copies += 1
                 else:
@@ -85,6 +86,14 @@ class CopyWorker:
                     self._busy = False
                     self._cv.notify_all()
                 return
+
+    def _emulate_link(self) -> None:
+        """Hold the emulated link for one copy. Each copy ends one copy time after the later of now
+        and the previous copy's end, so a late wake-up (sleep overshoots by ~0.1 ms here) delays
+        that copy but does not slow the link's throughput."""
+        now = time.perf_counter()
+        self._link_free = max(now, self._link_free) + self.pool.link_s
+        time.sleep(self._link_free - now)
 
     def _check(self) -> None:
         if self._error is not None:

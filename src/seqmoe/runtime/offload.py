@@ -48,10 +48,10 @@ from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
 __all__ = ["offload", "OffloadRuntime", "measure_profile"]
 
 
-def _check_system(system: str, train: RoutingTrace | None, predictor) -> None:
+def _check_system(system: str, train: RoutingTrace | None, predictor, replay: RoutingTrace | None) -> None:
     choices = ", ".join(live_systems(with_predictor=True))
-    spec = system_spec(system, live_systems(with_predictor=True))
-    if spec.reads_future:
+    spec = system_spec(system, None if replay is not None else live_systems(with_predictor=True))
+    if spec.reads_future and replay is None:
         raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: {choices}")
     if spec.needs_predictor and predictor is None:
         raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor=DIR (a checkpoint of "
@@ -88,10 +88,12 @@ def _nbytes(params) -> int:
 
 
 def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayout) -> ModelProfile:
-    """The cost model's `ModelProfile` of a model whose routed experts are already stripped."""
+    """The cost model's `ModelProfile` of `model`, whose routed experts may be stripped already
+    (their parameters are left out either way)."""
     layers = arch.moe
-    per_layer = [_nbytes(arch.decoder[m.layer_index].parameters()) for m in layers]
-    token = _nbytes(model.parameters()) - sum(per_layer)
+    routed = [_nbytes(m.experts.parameters()) for m in layers]
+    per_layer = [_nbytes(arch.decoder[m.layer_index].parameters()) - r for m, r in zip(layers, routed)]
+    token = _nbytes(model.parameters()) - sum(routed) - sum(per_layer)
     emb, out = model.get_input_embeddings(), model.get_output_embeddings()
     if emb is not None and (out is None or out.weight is not emb.weight):
         w = emb.weight
@@ -106,7 +108,7 @@ def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayou
 def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = DEFAULT_SYSTEM, *, device=None, predictor=None,
             bandwidth: float | None = None, train: RoutingTrace | None = None,
             hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
-            control: str | None = None) -> OffloadRuntime:
+            control: str | None = None, replay: RoutingTrace | None = None) -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
@@ -127,9 +129,12 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             control thread runs the state machine, so a decode step never synchronises with the host
             and can be captured as a CUDA graph (`DecodeGraph`); "inline" (default on the CPU): the
             state machine runs in the router hooks. Same decisions, same counts.
+        replay: the routing this model will compute, position for position, when a harness forces
+            it (`realsize.ForcedRouting`): the forecaster hashes its tokens through the trace's
+            vocabulary as the simulator does, and the oracle systems may read its future.
     """
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
-                 hardware=hardware, control=control)
+                 hardware=hardware, control=control, replay=replay)
     return _assemble(model, plan, emulate_link)
 
 
@@ -151,7 +156,7 @@ class _Plan:
     residency: float
 
 
-def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control) -> _Plan:
+def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control, replay) -> _Plan:
     """Check every argument and the device's free memory; UserError before anything changes."""
     if isinstance(residency, bool) or not isinstance(residency, numbers.Real):
         raise UserError(f"residency must be a number in (0, 1], got {residency!r} ({type(residency).__name__})")
@@ -159,12 +164,14 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
     layers = arch.moe
     L, E, K = len(layers), arch.num_experts, arch.top_k
     C = capacity_for(float(residency), L, E, K)
-    _check_system(system, train, predictor)
+    _check_system(system, train, predictor, replay)
     predictor = _load_predictor(predictor, L, E, K) if system_spec(system).needs_predictor else None
     name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
     dims = _placeholder_trace(L, E, K, name)
     if train is not None:
         check_dims("train trace", train, dims, "collect it from this model")
+    if replay is not None:
+        check_dims("replay trace", replay, dims, "record it from this architecture")
     hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware_profile(hardware or DEFAULT_HARDWARE)
     if bandwidth is not None:
         hw = dataclasses.replace(hw, name=f"{hw.name} at {bandwidth:g} B/s", h2d_bytes_per_s=float(bandwidth))
@@ -181,7 +188,7 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
-    sys_obj = build_system(system, SystemInputs(train=train or dims, test=dims, capacity=C, start=tuple(start),
+    sys_obj = build_system(system, SystemInputs(train=train or dims, test=replay or dims, capacity=C, start=tuple(start),
                                                 predictor=predictor))
     if len(start) == L * E:
         # Every expert is resident for good: no prefetch, load or eviction can happen, so the counts
