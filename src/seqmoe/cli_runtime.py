@@ -18,7 +18,7 @@ import json
 import sys
 import time
 
-from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
+from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM, ROUTINGS
 from seqmoe.errors import UserError
 
 
@@ -57,6 +57,10 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--hardware", default=None, help=f"hardware profile of the cost model (default: {DEFAULT_HARDWARE})")
     gen.add_argument("--graph", action="store_true", help="decode with DecodeGraph: a static cache and, on cuda, the "
                      "decode step captured once as a CUDA graph (implies --control thread)")
+    gen.add_argument("--routing", choices=ROUTINGS, default="exact", help="exact (default), or cache-aware: a missing "
+                     "routed expert may be swapped for a resident one the router scored close to it, within --max-kl")
+    gen.add_argument("--max-kl", type=float, default=None, metavar="NATS", help="cache-aware routing's budget per token: "
+                     "KL divergence from the router's distribution (0.01-0.02 cost seqmoe-tiny under 0.5%% perplexity)")
     gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
     gen.set_defaults(func=run_generate)
 
@@ -120,7 +124,8 @@ def run_generate(args) -> int:
     if args.graph and args.control == "inline":
         raise UserError("--graph needs --control thread")
     runtime = offload(model, args.residency, args.system, device=device, train=train, predictor=predictor,
-                      bandwidth=args.bandwidth, hardware=args.hardware, control="thread" if args.graph else args.control)
+                      bandwidth=args.bandwidth, hardware=args.hardware, control="thread" if args.graph else args.control,
+                      routing=args.routing, max_kl=args.max_kl)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
     ids = ids.to(runtime.pool.device)
     t0 = time.perf_counter()

@@ -29,6 +29,8 @@ DEFAULT_RUNTIME_RESIDENCY = 0.3
 """Residency of an offloaded model when none is given."""
 DEFAULT_RESIDENCIES = (0.1, 0.25, 0.45, 0.65, 0.9)
 """Residencies of a sweep when none are given."""
+ROUTINGS = ("exact", "cache-aware")
+"""The runtime's routing modes (`seqmoe.runtime.cache_routing`); the first is the default."""
 
 
 @dataclass(frozen=True, kw_only=True)

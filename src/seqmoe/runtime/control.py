@@ -102,6 +102,7 @@ class Controller:
         self.mailbox = None
         self.posting = False  # a decode forward posting to the mailbox is running (thread mode)
         self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
+        self.routing = None  # cache_routing.CacheAwareRouting, or None: exact routing
         self._token_input: torch.Tensor | None = None
         self._posted = 0  # layers the running posting forward has posted
         self._step: tuple[np.ndarray, np.ndarray, int | None] | None = None  # the decode step being read

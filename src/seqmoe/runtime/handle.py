@@ -117,6 +117,7 @@ class OffloadRuntime:
             "host_us_per_token": per_token(self.host_s),
             "gather_us_per_token": per_token(self.gather_s),
             "device": str(pool.device),
+            **(self.controller.routing.stats() if self.controller.routing is not None else {"routing": "exact"}),
         }
 
     def close(self) -> None:

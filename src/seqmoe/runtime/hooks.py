@@ -115,11 +115,15 @@ def _host(x: torch.Tensor) -> np.ndarray:
 def _router_hook(controller: Controller, layer: int):
     def hook(module, args, output):
         t0 = time.perf_counter()
-        _, weights, ids = unpack_router_output(module, output)
+        logits, weights, ids = unpack_router_output(module, output)
+        routing = controller.routing
+        if routing is not None:  # cache-aware routing (inline only): the block computes what is returned
+            weights, ids = routing(layer, logits, weights, ids)
         if controller.posting:
             controller.post(layer, ids, weights)
         else:
             controller.route(layer, _host(ids), _host(weights))  # cast to int16 / float32 by the controller
         controller.host_s += time.perf_counter() - t0
+        return None if routing is None else (logits, weights, ids)
 
     return hook

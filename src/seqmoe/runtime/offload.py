@@ -33,6 +33,7 @@ from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_f
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime.build import Undo, allocate_slots, check_device_memory, move_model, resolve_device
+from seqmoe.runtime.cache_routing import CacheAwareRouting, check_routing
 from seqmoe.runtime.control import Controller
 from seqmoe.runtime.control_thread import ControlThread
 from seqmoe.runtime.copier import CopyWorker
@@ -108,7 +109,8 @@ def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayou
 def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = DEFAULT_SYSTEM, *, device=None, predictor=None,
             bandwidth: float | None = None, train: RoutingTrace | None = None,
             hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
-            control: str | None = None, replay: RoutingTrace | None = None) -> OffloadRuntime:
+            control: str | None = None, replay: RoutingTrace | None = None, routing: str = "exact",
+            max_kl: float | None = None) -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
@@ -132,10 +134,17 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         replay: the routing this model will compute, position for position, when a harness forces
             it (`realsize.ForcedRouting`): the forecaster hashes its tokens through the trace's
             vocabulary as the simulator does, and the oracle systems may read its future.
+        routing: "exact" (default) or "cache-aware": a missing routed expert may be swapped for a
+            resident one the router scored close to it, each token spending at most `max_kl`
+            nats of KL divergence from the router's distribution (`cache_routing`; inline only).
     """
+    check_routing(routing, max_kl)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
                  hardware=hardware, control=control, replay=replay)
-    return _assemble(model, plan, emulate_link)
+    if routing != "exact" and plan.control != "inline":
+        raise UserError("cache-aware routing runs with control='inline' (the posted decode step does not yet "
+                        "substitute on the device)")
+    return _assemble(model, plan, emulate_link, max_kl if routing != "exact" else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,7 +211,7 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
     return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, meta, system, residency)
 
 
-def _assemble(model, plan: _Plan, emulate_link: bool) -> OffloadRuntime:
+def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> OffloadRuntime:
     """Change the model as `plan` says; every step is undone, in reverse, if a later one fails."""
     arch, originals, layout, device = plan.arch, plan.originals, plan.layouts[0], plan.device
     layers, C, hw = arch.moe, plan.capacity, plan.hardware
@@ -221,6 +230,8 @@ def _assemble(model, plan: _Plan, emulate_link: bool) -> OffloadRuntime:
         worker = CopyWorker(pool)
         undo.push(worker.close)
         controller.attach(manager, pool, worker)
+        if max_kl is not None:
+            controller.routing = CacheAwareRouting(max_kl, missing=pool.missing_row, resident=lambda l: pool.table_host[l] >= 0)
         if plan.control == "thread":
             controller.fence = fence
             controller.mailbox = Mailbox(L, K, device, fence)

@@ -296,6 +296,11 @@ class ExpertPool:
             time.sleep(int((self._slots_posted < 0).sum()) * self.link_s)
         return rows
 
+    def missing_row(self, layer: int) -> np.ndarray:
+        """[E] bool: the experts of `layer` that hold no slot (neither published nor being copied in)."""
+        base, slot_of = layer * self.num_experts, self.slot_of
+        return np.array([base + e not in slot_of for e in range(self.num_experts)])
+
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""
         t = self.table_host

@@ -1,0 +1,97 @@
+"""Cache-aware routing: the substitution rule, its budget, and the runtime exact when it is off.
+
+Run: pytest tests/runtime/test_cache_routing.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from seqmoe.errors import UserError
+from seqmoe.runtime import offload
+from seqmoe.runtime.cache_routing import CacheAwareRouting, check_routing
+from tests.runtime.conftest import fresh, logits, reference
+
+E = 6
+
+
+def _router(logit_row, k=2, normalise=True):
+    """(logits [1, E], weights [1, k], ids [1, k]) of a softmax top-k router."""
+    lg = torch.tensor([logit_row], dtype=torch.float32)
+    p = torch.softmax(lg.double(), -1)
+    w, ids = p.topk(k, dim=-1)
+    if normalise:
+        w = w / w.sum(-1, keepdim=True)
+    return lg, w.float(), ids
+
+
+def _rule(max_kl, missing, resident):
+    return CacheAwareRouting(max_kl, missing=lambda layer: np.array(missing), resident=lambda layer: np.array(resident))
+
+
+def test_a_missing_expert_goes_to_the_most_likely_resident_one_and_the_weights_follow_the_router():
+    lg, w, ids = _router([3.0, 2.0, 1.9, 0.5, 1.0, -1.0])  # top-2: experts 0, 1
+    rule = _rule(10.0, [False, True, False, False, False, False], [True, False, True, True, True, True])
+    new_w, new_ids = rule(0, lg, w, ids)
+    assert new_ids.tolist() == [[0, 2]]  # 1 missing -> 2, the best resident expert not routed already
+    p = torch.softmax(lg.double(), -1)[0]
+    assert torch.allclose(new_w[0].double(), p[[0, 2]] / p[[0, 2]].sum(), atol=1e-6)
+    kl = (p[1] - p[2]) * torch.log(p[1] / p[2])
+    assert rule.stats()["mean_kl"] == pytest.approx(float(kl), rel=1e-9) and rule.substitutions == 1
+
+
+def test_unnormalised_weights_stay_the_probabilities():
+    lg, w, ids = _router([3.0, 2.0, 1.9, 0.5, 1.0, -1.0], normalise=False)
+    new_w, new_ids = _rule(10.0, [False, True] + [False] * 4, [True, False] + [True] * 4)(0, lg, w, ids)
+    p = torch.softmax(lg.double(), -1)[0]
+    assert torch.allclose(new_w[0].double(), p[[0, 2]], atol=1e-6)
+
+
+def test_the_budget_is_per_token_and_spent_cheapest_first():
+    lg, w, ids = _router([3.0, 2.0, 1.9, 0.5, 1.0, -1.0])
+    p = torch.softmax(lg.double(), -1)[0]
+    kl = float((p[1] - p[2]) * torch.log(p[1] / p[2]))
+    rule = _rule(1.5 * kl, [False, True] + [False] * 4, [True, False] + [True] * 4)
+    assert rule(0, lg, w, ids)[1].tolist() == [[0, 2]]
+    assert rule(1, lg, w, ids)[1].tolist() == [[0, 1]]  # the same token's second layer: the budget is spent
+    assert rule(0, lg, w, ids)[1].tolist() == [[0, 2]]  # a new token (its first MoE layer): a new budget
+
+
+def test_nothing_changes_without_budget_or_without_a_resident_alternative():
+    lg, w, ids = _router([3.0, 2.0, 1.9, 0.5, 1.0, -1.0])
+    assert _rule(0.0, [True] * E, [False, False] + [True] * 4)(0, lg, w, ids)[1].tolist() == [[0, 1]]
+    assert _rule(9.0, [True] * E, [False] * E)(0, lg, w, ids)[1].tolist() == [[0, 1]]
+
+
+def test_a_router_whose_weights_are_not_its_softmax_is_refused():
+    lg, _, ids = _router([3.0, 2.0, 1.9, 0.5, 1.0, -1.0])
+    with pytest.raises(UserError, match="softmax"):
+        _rule(9.0, [False, True] + [False] * 4, [True] * E)(0, lg, torch.tensor([[0.9, 0.3]]), ids)
+
+
+@pytest.mark.parametrize("routing, max_kl, match", [("fast", None, "unknown routing"), ("exact", 0.1, "exact routing has none"),
+                                                    ("cache-aware", None, "needs its budget"), ("cache-aware", -1.0, "needs its budget")])
+def test_bad_settings_say_what_is_wrong(routing, max_kl, match):
+    with pytest.raises(UserError, match=match):
+        check_routing(routing, max_kl)
+
+
+def test_cache_aware_routing_needs_the_inline_control_plane():
+    with pytest.raises(UserError, match="control='inline'"):
+        offload(fresh("olmoe"), 0.5, "on-demand-lru", control="thread", routing="cache-aware", max_kl=0.1)
+
+
+def test_zero_budget_is_exact_and_a_budget_saves_misses():
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, routing="cache-aware", max_kl=0.0)
+    assert torch.equal(logits(model), ref.logits)
+    exact = rt.stats()
+    rt.restore()
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, routing="cache-aware", max_kl=5.0)
+    logits(model)
+    loose = rt.stats()
+    rt.restore()
+    assert exact["substitutions"] == 0 and loose["substitutions"] > 0 and loose["misses"] < exact["misses"]
