@@ -249,7 +249,7 @@ def test_cli_train_and_eval(tiny_trace, tmp_path, capsys):
                               "--train", str(tmp_path / "t.safetensors"), "--plot", str(tmp_path / "r.png"), "--json"])
     assert args.func(args) == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert set(res["predictors"]) == {"seqmoe", "frequency", "affinity-style", "moe-infinity-style"}
+    assert set(res["predictors"]) == {"seqmoe", "frequency", "affinity-style", "moe-infinity-style", "expertflow-style"}
     assert (tmp_path / "r.png").exists()
     args = parser.parse_args(["train", "--trace", str(tmp_path / "t.safetensors"), "--out", str(out), "--epochs", "0"])
     with pytest.raises(UserError, match="epochs"):

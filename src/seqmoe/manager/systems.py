@@ -22,9 +22,11 @@ from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.manager.state import System
 from seqmoe.predict.base import Predictor
+from seqmoe.predict.expertflow import ExpertFlowPredictor
 from seqmoe.predict.seqmodel import DEFAULT_WINDOW
 from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.schedule.deadline import DeadlinePrefetcher
+from seqmoe.schedule.expertflow import AdaptiveHorizonPrefetcher, ExpertFlowShared, TwoLevelLRUPolicy
 from seqmoe.trace.schema import RoutingTrace
 
 ROLES = ("baseline", "seqmoe", "ablation", "oracle")
@@ -157,6 +159,27 @@ def _moe_infinity(inp: SystemInputs) -> System:
                  forecaster=lambda train, horizon: AffinityPredictor(train, horizon=horizon))
 def _affinity(inp: SystemInputs) -> System:
     return System("affinity-style", LRUPolicy(), AffinityPredictor(inp.train), GreedyPrefetcher(min_prob=0.3))
+
+
+EXPERTFLOW_THRESHOLD = 8
+"""Stalls (or wasted prefetches) that move expertflow-style's prefetch distance by one (our choice)."""
+
+
+def _expertflow(name: str, inp: SystemInputs, adaptive: bool) -> System:
+    shared = ExpertFlowShared(threshold=EXPERTFLOW_THRESHOLD)
+    return System(name, TwoLevelLRUPolicy(shared, inp.train.num_layers), ExpertFlowPredictor(inp.train),
+                  AdaptiveHorizonPrefetcher(shared, adaptive=adaptive))
+
+
+@register_system("expertflow-style", "distance-wise history forecast, adaptive prefetch distance, two-level LRU",
+                 forecaster=lambda train, horizon: ExpertFlowPredictor(train, horizon=horizon))
+def _expertflow_adaptive(inp: SystemInputs) -> System:
+    return _expertflow("expertflow-style", inp, adaptive=True)
+
+
+@register_system("expertflow-style-fixed-horizon", "ablation of expertflow-style: prefetch distance fixed at one layer")
+def _expertflow_fixed(inp: SystemInputs) -> System:
+    return _expertflow("expertflow-style-fixed-horizon", inp, adaptive=False)
 
 
 @register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction",

@@ -18,29 +18,30 @@ from seqmoe.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
 
 
-def fit_transitions(train: RoutingTrace, smoothing: float = 1.0) -> np.ndarray:
-    """P(e' used at the next position | e used now), per layer.
+def fit_transitions(train: RoutingTrace, smoothing: float = 1.0, gap: int = 1) -> np.ndarray:
+    """P(e' used `gap` positions later | e used now), per layer.
 
     Args:
         train: training trace.
-        smoothing: pseudo-count mixing in the next layer's popularity.
+        smoothing: pseudo-count mixing in the target layer's popularity.
+        gap: how many positions ahead (1: the next one).
 
     Returns:
-        [L, E, E] float32; row (l, e) is the expected use of each expert at the position after a
+        [L, E, E] float32; row (l, e) is the expected use of each expert `gap` positions after a
         layer-l position that used e; rows sum to K.
     """
     T, L, K = train.expert_ids.shape
     E = train.num_experts
     seq = train.expert_ids.reshape(T * L, K).astype(np.int64)  # positions in execution order
     same_req = np.repeat(train.request_ids(), L)
-    valid = np.flatnonzero(same_req[1:] == same_req[:-1])  # pairs (p, p + 1) within one request
+    valid = np.flatnonzero(same_req[gap:] == same_req[:-gap])  # pairs (p, p + gap) within one request
     layer = valid % L
-    # Every (expert now, expert next) combination of a valid pair, as one index into [L, E, E].
-    idx = (layer[:, None, None] * E + seq[valid][:, :, None]) * E + seq[valid + 1][:, None, :]
+    # Every (expert now, expert then) combination of a valid pair, as one index into [L, E, E].
+    idx = (layer[:, None, None] * E + seq[valid][:, :, None]) * E + seq[valid + gap][:, None, :]
     trans = np.bincount(idx.reshape(-1), minlength=L * E * E).reshape(L, E, E).astype(np.float64)
     pop = np.bincount((np.arange(T * L) % L)[:, None].repeat(K, 1).reshape(-1) * E + seq.reshape(-1),
                       minlength=L * E).reshape(L, E) / T  # [L, E] expected use per token
-    nxt_pop = np.roll(pop, -1, axis=0)  # popularity of the layer that follows
+    nxt_pop = np.roll(pop, -gap, axis=0)  # popularity of the target layer
     uses = trans.sum(axis=2, keepdims=True) / K  # times e was used with a successor
     return ((trans + smoothing * nxt_pop[:, None, :]) / (uses + smoothing)).astype(np.float32)
 
