@@ -24,7 +24,7 @@ from seqmoe.cli_serve import add_serve_commands
 from seqmoe.cli_trace import add_trace_commands
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
-from seqmoe.manager.systems import SYSTEMS, baselines, check_systems
+from seqmoe.manager.systems import ROLES, SYSTEMS, baselines, check_systems, systems_with
 from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from seqmoe.sim.run import load_workload, run_one, run_sweep
 
@@ -39,7 +39,7 @@ def _floats(text: str) -> list[float]:
 def _names(text: str) -> list[str]:
     if text == "baselines":
         return baselines()
-    names = list(SYSTEMS) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    names = systems_with(*ROLES) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
     check_systems(names)
     return names
 

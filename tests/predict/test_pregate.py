@@ -85,3 +85,23 @@ def test_a_trace_without_pregate_scores_is_refused():
     bare = RoutingTrace(expert_ids=trace.expert_ids, request_offsets=trace.request_offsets, meta=trace.meta)
     with pytest.raises(UserError, match="--pregate"):
         PregatePredictor(bare)
+
+
+@pytest.mark.parametrize("name", ["expertflow-style", "expertflow-style-pregate-only"])
+def test_the_pregate_systems_replay_with_consistent_counts(name):
+    from tests.sim.test_replay import replay
+
+    train, test = _trace(3.0, seed=1), _trace(3.0, seed=2)
+    _, m = replay(name, train, test, 0.5)
+    assert m["activations"] == T * L * K and m["ready_rate"] + m["late_rate"] + m["miss_rate"] == pytest.approx(1.0)
+    assert m["prefetches"] > 0
+
+
+def test_systems_that_need_pregate_say_so_and_stay_out_of_the_default_lists():
+    from seqmoe.manager.systems import SystemInputs, baselines, build_system, live_systems
+
+    bare = RoutingTrace(expert_ids=_trace(1.0).expert_ids, request_offsets=np.array([0, T]), meta=TraceMeta(num_experts=E))
+    with pytest.raises(UserError, match="--pregate"):
+        build_system("expertflow-style-pregate-only", SystemInputs(train=bare, test=bare, capacity=8, start=()))
+    assert "expertflow-style-pregate-only" not in baselines() + live_systems(with_predictor=True)
+    assert "seqmoe-hybrid" not in live_systems(with_predictor=True)

@@ -16,7 +16,7 @@ from seqmoe.manager.systems import SYSTEMS
 from tests.sim.test_replay import replay
 
 pytest.importorskip("torch")
-SEQ = [n for n, spec in SYSTEMS.items() if spec.needs_predictor] + ["seqmoe-markov-forecast"]
+SEQ = [n for n, spec in SYSTEMS.items() if spec.needs_predictor and not spec.needs_pregate] + ["seqmoe-markov-forecast"]
 
 
 @pytest.fixture(scope="module")

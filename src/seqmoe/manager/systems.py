@@ -10,6 +10,7 @@ modules say where they simplify. Oracles read the replayed trace's future.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.manager.state import System
 from seqmoe.predict.base import Predictor
 from seqmoe.predict.expertflow import ExpertFlowPredictor
+from seqmoe.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
 from seqmoe.predict.seqmodel import DEFAULT_WINDOW
 from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.schedule.deadline import DeadlinePrefetcher
@@ -62,6 +64,9 @@ class SystemSpec:
     """Learns from the training trace (statistics, start placement); the runtime then needs `train=`."""
     forecaster: Callable[[RoutingTrace, int], Predictor] | None = None
     """`forecaster(train, horizon)`: the system's own expert forecast, for `seqmoe eval-predictor`."""
+    needs_pregate: bool = False
+    """Needs traces with pre-gate scores (`--pregate`): left out of the default system lists and of
+    the runtime (which computes no pre-gate yet)."""
 
     @property
     def reads_future(self) -> bool:
@@ -73,13 +78,14 @@ SYSTEMS: dict[str, SystemSpec] = {}
 
 
 def register_system(name: str, summary: str, *, role: str = "baseline", needs_predictor: bool = False,
-                    learns: bool = True, forecaster: Callable[[RoutingTrace, int], Predictor] | None = None):
+                    learns: bool = True, forecaster: Callable[[RoutingTrace, int], Predictor] | None = None,
+                    needs_pregate: bool = False):
     """Decorator: register `fn(inputs) -> System` under `name`."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
     def deco(fn):
-        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster)
+        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster, needs_pregate)
         return fn
 
     return deco
@@ -98,9 +104,10 @@ def check_systems(names) -> None:
         system_spec(name)
 
 
-def systems_with(*roles: str) -> list[str]:
-    """The systems of the given roles, in registration order."""
-    return [n for n, spec in SYSTEMS.items() if spec.role in roles]
+def systems_with(*roles: str, with_pregate: bool = False) -> list[str]:
+    """The systems of the given roles, in registration order (those needing pre-gate scores only
+    if `with_pregate`)."""
+    return [n for n, spec in SYSTEMS.items() if spec.role in roles and (with_pregate or not spec.needs_pregate)]
 
 
 def oracles() -> list[str]:
@@ -108,16 +115,16 @@ def oracles() -> list[str]:
     return systems_with("oracle")
 
 
-def baselines() -> list[str]:
-    """The systems that need no trained forecaster."""
-    return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor]
+def baselines(with_pregate: bool = False) -> list[str]:
+    """The systems that need no trained forecaster (and no pre-gate scores unless `with_pregate`)."""
+    return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor and (with_pregate or not spec.needs_pregate)]
 
 
 def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[str]:
     """Systems that can run live (no oracle): those that need a training trace only if `with_train`,
     those that need the seq2seq forecaster only if `with_predictor`."""
     return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
-            and (with_train or not s.learns)]
+            and (with_train or not s.learns) and not s.needs_pregate]
 
 
 def build_system(name: str, inputs: SystemInputs) -> System:
@@ -165,13 +172,29 @@ EXPERTFLOW_THRESHOLD = 8
 """Stalls (or wasted prefetches) that move expertflow-style's prefetch distance by one (our choice)."""
 
 
-def _expertflow(name: str, inp: SystemInputs, adaptive: bool) -> System:
+def _has_pregate(inp: SystemInputs) -> bool:
+    return inp.train.pregate_logits is not None and inp.test.pregate_logits is not None
+
+
+def _hybrid(history, inp: SystemInputs):
+    """`history` fused with pre-gating when both traces hold pre-gate scores (weights fitted on train)."""
+    if not _has_pregate(inp):
+        return history
+    fitting = copy.deepcopy(history)
+    if hasattr(fitting, "check_trace"):
+        fitting.check_trace(inp.train)  # the training trace's vocabulary while the weights are fitted
+    return HybridPredictor(history, inp.test, fit_alphas(fitting, inp.train))
+
+
+def _expertflow(name: str, inp: SystemInputs, adaptive: bool, predictor=None) -> System:
     shared = ExpertFlowShared(threshold=EXPERTFLOW_THRESHOLD)
-    return System(name, TwoLevelLRUPolicy(shared, inp.train.num_layers), ExpertFlowPredictor(inp.train),
+    predictor = predictor or _hybrid(ExpertFlowPredictor(inp.train), inp)
+    return System(name, TwoLevelLRUPolicy(shared, inp.train.num_layers), predictor,
                   AdaptiveHorizonPrefetcher(shared, adaptive=adaptive))
 
 
-@register_system("expertflow-style", "distance-wise history forecast, adaptive prefetch distance, two-level LRU",
+@register_system("expertflow-style", "distance-wise history forecast (fused with pre-gating when the traces have it), "
+                 "adaptive prefetch distance, two-level LRU",
                  forecaster=lambda train, horizon: ExpertFlowPredictor(train, horizon=horizon))
 def _expertflow_adaptive(inp: SystemInputs) -> System:
     return _expertflow("expertflow-style", inp, adaptive=True)
@@ -180,6 +203,15 @@ def _expertflow_adaptive(inp: SystemInputs) -> System:
 @register_system("expertflow-style-fixed-horizon", "ablation of expertflow-style: prefetch distance fixed at one layer")
 def _expertflow_fixed(inp: SystemInputs) -> System:
     return _expertflow("expertflow-style-fixed-horizon", inp, adaptive=False)
+
+
+@register_system("expertflow-style-pregate-only", "ablation of expertflow-style: pre-gate forecast alone "
+                 "(needs traces collected with --pregate)", needs_pregate=True)
+def _expertflow_pregate(inp: SystemInputs) -> System:
+    if inp.test.pregate_logits is None:
+        raise UserError("expertflow-style-pregate-only needs a replayed trace with pre-gate scores "
+                        "(seqmoe trace collect --pregate H)")
+    return _expertflow("expertflow-style-pregate-only", inp, adaptive=True, predictor=PregatePredictor(inp.test))
 
 
 @register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction",
@@ -217,6 +249,18 @@ def _seq(inp: SystemInputs):
 def _seqmoe(inp: SystemInputs) -> System:
     policy = ForecastPolicy.from_trace(inp.train)
     return System("seqmoe", policy, _seq(inp), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-hybrid", "seqmoe with its forecast fused with pre-gating (needs traces collected with --pregate)",
+                 role="seqmoe", needs_predictor=True, needs_pregate=True)
+def _seqmoe_hybrid(inp: SystemInputs) -> System:
+    if not _has_pregate(inp):
+        raise UserError("seqmoe-hybrid needs training and replayed traces with pre-gate scores "
+                        "(seqmoe trace collect --pregate H)")
+    policy = ForecastPolicy.from_trace(inp.train)
+    history = inp.predictor.with_window(None)
+    history.check_trace(inp.test)
+    return System("seqmoe-hybrid", policy, _hybrid(history, inp), DeadlinePrefetcher(policy))
 
 
 @register_system("seqmoe-greedy-prefetch", "ablation: seqmoe with greedy threshold prefetch instead of deadline scheduling",

@@ -8,9 +8,11 @@ distance d: score = alpha_d log p_history + (1 - alpha_d) log p_pregate, alpha_d
 training trace (`fit_alphas`: the alpha of a grid that maximises recall@K at d; 1 keeps history,
 0 keeps pre-gating). Where no pre-gate row exists (the next token) the history row stands.
 
-The pre-gate rows are looked up by position in the trace being replayed, so these predictors
-serve offline evaluation (`evaluate_predictors`) and the simulator; the runtime would compute
-them from the live hidden state.
+The pre-gate rows are looked up by position in the trace being replayed, only ever the row of
+the position just observed (what the hidden state entering that layer says: the present, not the
+future), so these predictors serve offline evaluation (`evaluate_predictors`) and the simulator;
+the runtime would compute them from the live hidden state. The history forecaster may be any
+predictor (its `forecast(step, horizon)` when it has one, else `predict(step)`).
 """
 
 from __future__ import annotations
@@ -85,7 +87,7 @@ class HybridPredictor:
         self.pregate.observe(step, ids)
 
     def forecast(self, step: int, horizon: int) -> Forecast | None:
-        hist = self.history.forecast(step, horizon)
+        hist = _ahead(self.history, step, horizon)
         pre = self.pregate.predict(step)
         if hist is None or pre is None or not len(pre.steps):
             return hist
@@ -98,6 +100,11 @@ class HybridPredictor:
 
     def predict(self, step: int) -> Forecast | None:
         return self.forecast(step, 2 * self.pregate.L)
+
+
+def _ahead(predictor, step: int, horizon: int) -> Forecast | None:
+    fn = getattr(predictor, "forecast", None)
+    return fn(step, horizon) if fn is not None else predictor.predict(step)
 
 
 def fuse(history: np.ndarray, pregate: np.ndarray, alpha: float) -> np.ndarray:
@@ -123,8 +130,8 @@ def fit_alphas(history, trace: RoutingTrace, *, max_tokens: int = 3000) -> np.nd
             for l in range(L):
                 step = t * L + l
                 history.observe(step, ids[step])
-                fc = history.forecast(step, L)
-                for d in range(1, min(H, L - 1 - l) + 1):
+                fc = _ahead(history, step, L)
+                for d in range(1, min(H, L - 1 - l, len(fc.steps)) + 1):
                     i = step + d - int(fc.steps[0])
                     g = rows[step, d - 1]
                     fused = np.stack([fuse(fc.probs[i].astype(np.float64), g, a) for a in ALPHAS])
