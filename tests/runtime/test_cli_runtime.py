@@ -44,3 +44,13 @@ def test_generate_prints_the_full_models_text_and_stats(checkpoint, capsys, engi
 def test_generate_rejects_an_oracle_system(checkpoint):
     with pytest.raises(UserError, match="cannot run live"):
         run_cli(["generate", "--model", str(checkpoint[0]), "--prompt", "x", "--system", "belady", "--device", "cpu"])
+
+
+def test_generate_routes_cache_aware_within_its_budget(checkpoint, capsys):
+    argv = ["generate", "--model", str(checkpoint[0]), "--prompt", "Hello MoE", "--residency", "0.25",
+            "--max-new-tokens", "6", "--device", "cpu", "--json", "--routing", "cache-aware"]
+    with pytest.raises(UserError, match="--max-kl"):
+        run_cli(argv)
+    assert run_cli(argv + ["--max-kl", "5"]) == 0
+    stats = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert stats["routing"] == "cache-aware" and stats["substitutions"] > 0 and stats["mean_kl"] <= 5
