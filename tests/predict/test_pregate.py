@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from seqmoe.errors import UserError
-from seqmoe.predict.base import Forecast
+from seqmoe.predict.base import Forecast, IgnoresHistory
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas, fuse
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
@@ -31,17 +31,8 @@ def _trace(pregate_quality: float, seed: int = 0) -> RoutingTrace:
                         pregate_logits=pre)
 
 
-class _Uniform:
+class _Uniform(IgnoresHistory):
     """A history forecaster that knows nothing: every expert K / E, 2L positions ahead."""
-
-    def begin_request(self):
-        pass
-
-    def begin_token(self, step, token_id):
-        pass
-
-    def observe(self, step, ids):
-        pass
 
     def forecast(self, step, horizon):
         return Forecast(np.arange(step + 1, step + 1 + horizon), np.full((horizon, E), K / E, dtype=np.float32))

@@ -105,3 +105,9 @@ def test_the_link_measures_as_a_pcie_link():
     link = measure_link(17_301_504, torch.device("cuda"))  # one DeepSeek-V2-Lite expert, bf16
     assert 1e9 < link["h2d_bytes_per_s"] < 1e11 and 0 <= link["copy_overhead_s"] < 1e-3
     assert link["in_place_read_s"] > 0
+
+
+def test_a_trace_of_another_shape_is_refused():
+    model = build_model("deepseek-v2-lite", width_divisor=DIVISOR, vocab_size=50)
+    with pytest.raises(UserError, match="forced trace has L=26, E=8"):
+        ForcedRouting(model, _trace([3], E=8, K=2))

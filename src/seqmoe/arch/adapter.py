@@ -67,6 +67,11 @@ class ModelArch:
     """The MoE layers in depth order (dense layers skipped)."""
 
     @property
+    def num_layers(self) -> int:
+        """L: the MoE layers (what a trace of this model indexes)."""
+        return len(self.moe)
+
+    @property
     def num_experts(self) -> int:
         return self.moe[0].num_experts
 

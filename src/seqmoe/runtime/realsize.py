@@ -22,7 +22,7 @@ import dataclasses
 import numpy as np
 import torch
 
-from seqmoe.arch import moe_layers, unpack_router_output
+from seqmoe.arch import model_arch, unpack_router_output
 from seqmoe.errors import UserError
 from seqmoe.trace.schema import RoutingTrace, check_dims
 
@@ -46,10 +46,8 @@ class ForcedRouting:
     """
 
     def __init__(self, model, trace: RoutingTrace) -> None:
-        layers = moe_layers(model)
-        dims = (len(layers), layers[0].num_experts, layers[0].top_k)
-        if (trace.num_layers, trace.num_experts, trace.top_k) != dims:
-            check_dims("forced trace", trace, _Dims(*dims), "record it from this architecture")
+        arch = model_arch(model)
+        check_dims("forced trace", trace, arch, "record it from this architecture", against="the model")
         device = next(model.parameters()).device
         self.ids = torch.as_tensor(trace.expert_ids.astype(np.int64), device=device)  # [T, L, K]
         K = trace.top_k
@@ -62,7 +60,7 @@ class ForcedRouting:
         self.offset = torch.zeros((1,), dtype=torch.long, device=device)  # the request's first trace position
         self._rows: torch.Tensor | None = None  # trace positions of the current forward
         self._handles = [model.register_forward_pre_hook(self._pre, with_kwargs=True, prepend=True)]
-        self._handles += [m.router.register_forward_hook(self._hook(l), prepend=True) for l, m in enumerate(layers)]
+        self._handles += [m.router.register_forward_hook(self._hook(l), prepend=True) for l, m in enumerate(arch.moe)]
 
     def start(self, offset: int) -> None:
         """The next forward is the prompt of the request at trace position `offset`."""
@@ -87,10 +85,3 @@ class ForcedRouting:
     def remove(self) -> None:
         for h in self._handles:
             h.remove()
-
-
-@dataclasses.dataclass(frozen=True)
-class _Dims:
-    num_layers: int
-    num_experts: int
-    top_k: int
