@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from seqmoe.cache import BeladyPolicy, FutureUses, belady_schedule
 from seqmoe.cache.belady import NEVER
 from seqmoe.cache.forecast import ForecastPolicy
-from seqmoe.cache.reuse import fit_reuse_table
+from seqmoe.cache.reuse import NUM_COUNT_CLASSES, decayed_count, fit_reuse_table
 from seqmoe.predict.base import Forecast
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.manager.placement import start_placement, uid_counts
@@ -143,6 +143,50 @@ def test_reuse_prior_tells_bursts_from_steady_use():
     assert burst > steady  # a burst is likely to go on next token; steady use comes back in 3
     flat = fit_reuse_table(_bursty_trace(), tau=2.0, num_classes=1, num_gap_classes=1).lookup(age, gaps)
     assert flat[0] == flat[1]  # without gap classes the prior cannot tell them apart
+
+
+def _phased_trace():
+    """One layer, top-1, periods of 160 tokens: expert 0 every 3rd token in the first 40 (hot), then
+    twice, 3 tokens apart, 60 tokens later (cold), then not until the next period. Its last gap is 3 in both."""
+    t = np.arange(16000)
+    phase = t % 160
+    used = np.where(phase < 40, phase % 3 == 0, (phase == 100) | (phase == 103))
+    ids = np.where(used, 0, 1).astype(np.int16)  # expert 1 between (its recent count stays high)
+    return RoutingTrace(expert_ids=ids[:, None, None], request_offsets=np.array([0, len(t)]),
+                        meta=TraceMeta(num_experts=2))
+
+
+def test_reuse_prior_tells_a_hot_expert_from_a_cold_one_by_its_recent_count():
+    kw = dict(tau=2.0, num_classes=1, num_gap_classes=6)
+    table = fit_reuse_table(_phased_trace(), num_count_classes=NUM_COUNT_CLASSES, **kw)
+    age, gaps = np.ones(2, dtype=np.int64), np.full(2, 3)
+    hot, cold = 5.0, decayed_count(0.0, 3)  # many uses 3 tokens apart; a single earlier use
+
+    def expert_0(t):
+        return [t.lookup(age, gaps, np.array([count, 0.0]))[0] for count in (hot, cold)]
+
+    v = expert_0(table)
+    assert v[0] > 2 * v[1]  # a hot expert is used again in 2 tokens; a cold one waits out its period
+    flat = expert_0(fit_reuse_table(_phased_trace(), **kw))
+    assert flat[0] == flat[1]  # without count classes the prior cannot tell them apart
+
+
+def test_reuse_table_refuses_an_unknown_number_of_count_classes():
+    with pytest.raises(ValueError, match="num_count_classes"):
+        fit_reuse_table(_phased_trace(), tau=2.0, num_count_classes=3)
+
+
+def test_policy_tracks_the_recent_count():
+    """Expert 0 with the same last use and last gap, after a hot stretch or a single earlier use."""
+    values = []
+    for steps in (range(0, 30, 3), (24, 27)):
+        policy = ForecastPolicy.from_trace(_phased_trace(), tau=2.0)
+        policy.reset([0, 1])
+        for step in steps:
+            policy.access(0, step)
+        values.append(policy.keep_value(np.array([0]))[0])
+    assert policy._recent[0] == decayed_count(0.0, 3)
+    assert values[0] > values[1]
 
 
 def test_policy_tracks_the_gap_between_the_last_two_uses():

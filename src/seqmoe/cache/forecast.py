@@ -8,10 +8,9 @@ each uid gets a *keep value*, the expected discount of its next use:
 Within the forecast, u's first use at its layer's h-th forecast row has probability
 p_h * prod_{h' < h} (1 - p_h') (independence assumed). Past the last forecast position a learned
 prior takes over: `ReuseTable`, fitted on the training split, gives E[discount of the wait] for
-an expert unused for `a` tokens, by frequency class and by the gap between its last two uses
-(recency matters far more than frequency on real traces: a frequency-only prior loses to LRU;
-the previous gap marks bursts: prior-only eviction at r=0.45 reaches bound fraction 0.409 with it,
-0.398 without, LRU 0.366). With a certain forecast (one-hot rows) the keep value is
+an expert unused for `a` tokens, by frequency class, by the gap between its last two uses and by
+its recent use count (recency matters far more than frequency on real traces: a frequency-only
+prior loses to LRU; the previous gap marks bursts; the recent count, the text's current topic). With a certain forecast (one-hot rows) the keep value is
 exp(-distance / tau), so the policy evicts exactly what Belady evicts whenever the victim's next use
 lies within the horizon; every use beyond the horizon is worth less than any certain use within it.
 Ties go to the least recently used.
@@ -32,7 +31,7 @@ from collections.abc import Container, Sequence
 import numpy as np
 
 from seqmoe.cache.forecast_entries import EntriesAhead, first_use, no_entries, sparse_entries
-from seqmoe.cache.reuse import ReuseTable, fitted_reuse_table, gap_class, log2_bucket
+from seqmoe.cache.reuse import NUM_COUNT_CLASSES, ReuseTable, decayed_count, fitted_reuse_table, log2_bucket
 from seqmoe.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
 
@@ -66,12 +65,12 @@ class ForecastPolicy:
 
     @classmethod
     def from_trace(cls, train: RoutingTrace, *, tau: float | None = None, learned_reuse: bool = True,
-                   num_gap_classes: int = 6) -> ForecastPolicy:
+                   num_gap_classes: int = 6, num_count_classes: int = NUM_COUNT_CLASSES) -> ForecastPolicy:
         """The policy with use rates (and, by default, a reuse table) learned on the training split."""
         L, E = train.num_layers, train.num_experts
         tau = float(tau) if tau is not None else 2.0 * L
         counts = np.bincount(train.uids().reshape(-1), minlength=L * E)
-        reuse = fitted_reuse_table(train, tau, num_gap_classes) if learned_reuse else None
+        reuse = fitted_reuse_table(train, tau, num_gap_classes, num_count_classes) if learned_reuse else None
         return cls(counts / train.num_tokens, num_layers=L, num_experts=E, tau=tau, reuse=reuse)
 
     # -- EvictionPolicy ---------------------------------------------------------------------------
@@ -82,6 +81,7 @@ class ForecastPolicy:
         self._last_step = np.full(n, -1, dtype=np.int64)  # position of the last use (or insert)
         self._last_use = np.full(n, -1, dtype=np.int64)  # position of the last use
         self._prev_gap = np.zeros(n, dtype=np.int64)  # tokens between the last two uses (0: one use or none)
+        self._recent = np.zeros(n)  # recent use count at the last use (`reuse.decayed_count`)
         start = np.asarray(list(resident), dtype=np.int64)
         self._resident[start] = True
         self._last[start[::-1]] = np.arange(len(start))  # most valuable first = most recent
@@ -110,7 +110,9 @@ class ForecastPolicy:
 
     def access(self, uid: int, step: int) -> None:
         last = self._last_use[uid]
-        self._prev_gap[uid] = (step - last) // self._L if last >= 0 else 0
+        gap = (step - last) // self._L if last >= 0 else 0
+        self._prev_gap[uid] = gap
+        self._recent[uid] = decayed_count(self._recent[uid], gap) if last >= 0 else 0.0
         self._last_use[uid] = step
         self._classes = None
         self._touch(uid, step)
@@ -302,12 +304,10 @@ class ForecastPolicy:
             return self._geometric
         key = (end, self._touches)
         if key != self._prior_key:
-            L = self._L
-            if type(self.reuse) is ReuseTable:
-                age = (nxt[self._layer_of] - self._last_step) // L
-                prior = self.reuse.values[self._reuse_classes(), log2_bucket(age, self.reuse.values.shape[1])]
-            else:  # another prior: ask it
-                prior = self.reuse.lookup((np.repeat(nxt, self._E) - self._last_step) // L, self._prev_gap)
+            age = (nxt[self._layer_of] - self._last_step) // self._L
+            if self._classes is None:  # each uid's row of the table, kept until a use
+                self._classes = self.reuse.rows(self._prev_gap, self._recent)
+            prior = self.reuse.values[self._classes, log2_bucket(age, self.reuse.values.shape[1])]
             self._prior_key, self._prior_cache = key, prior
         return self._prior_cache
 
@@ -323,16 +323,6 @@ class ForecastPolicy:
         if d >= len(self._grow):
             self._grow = discount_table(self.tau, max(2 * d + 1, 64))[1]
         return float(self._grow[d])
-
-    def _reuse_classes(self) -> np.ndarray:
-        """[L * E] row of `reuse.values` for each uid (`ReuseTable.lookup`'s), kept until a use."""
-        if self._classes is None:
-            reuse = self.reuse
-            cls = reuse.uid_class * reuse.num_gap_classes
-            if reuse.num_gap_classes > 1:
-                cls = cls + gap_class(self._prev_gap, reuse.num_gap_classes)
-            self._classes = cls
-        return self._classes
 
 
 def discount_table(tau: float, size: int) -> np.ndarray:

@@ -30,7 +30,8 @@ CANDS = 17  # forecast policy: absent uids with a FIRST_USE, increasing (NCANDS 
 RES = 18  # the PRESENT uids in no order (NUM_PRESENT of them): passes over residents skip the absent
 RES_AT = 19  # where the uid stands in RES, -1 when absent
 CHEAP = 20  # forecast policy: the uids of COSTS, in (keep value, tick) order
-NI = 21
+UROW = 21  # forecast policy: the uid's row of the reuse table, set at each use (`ReuseTable.rows`)
+NI = 22
 
 # -- per-uid float fields (rows of F) -------------------------------------------------------------
 DONE_AT = 0  # engine: completion time of a started, unfinished copy
@@ -42,7 +43,8 @@ GEOM = 5  # static: the prior beyond the horizon without a reuse table
 FINISH = 6  # scratch: demand-copy finish times
 PRIOR = 7  # forecast policy: cached prior beyond the horizon (for the forecast end PRIOR_END)
 COSTS = 8  # forecast policy: the COSTS_N lowest keep values of the residents, ascending
-NF = 9
+RECENT = 9  # forecast policy: recent use count at the last use (`cache.reuse.decayed_count`)
+NF = 10
 
 # -- int scalars (S) ------------------------------------------------------------------------------
 L_, E_, K_, CAP, NUM_PRESENT, STEP = 0, 1, 2, 3, 4, 5
@@ -61,7 +63,8 @@ CANDS_MUT, COSTS_STEP, COSTS_VERSION, COSTS_MUT = 44, 45, 46, 47  # COSTS_*: the
 MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 48, 49, 50, 51  # deadline scheduler's victim_at answers
 NCANDS, NCOSTS, COSTS_N_ASKED = 52, 53, 54  # COSTS_N_ASKED: how many lowest the COSTS hold at most
 FU_STEP, FU_VERSION = 55, 56  # the (position, forecast) FIRST_USE holds for
-NS = 57
+NUM_COUNT_CLASSES = 57  # the reuse table's recent-count classes
+NS = 58
 
 COSTS_N = 64
 """Lowest resident keep values kept for the scheduler (it pairs at most max_jobs candidates with them)."""

@@ -13,7 +13,7 @@ from seqmoe.manager.compiled import engine, recency, step
 from seqmoe.manager.compiled.layout import (
     CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, E_, FLOOR, F_FIRST, GEOM,
     JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB,
-    MISSES, NEV, NF, NG, NI, NS, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY,
+    MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY,
     POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE,
     PREFETCH_NONE, PRESENT, QSEQ, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
 )
@@ -92,7 +92,7 @@ class CompiledManager(ManagerBase):
         I[RES_AT] = -1
         I[RES, :len(start)] = start
         I[RES_AT, start] = np.arange(len(start))
-        recency.policy_reset(I, S, start)
+        recency.policy_reset(I, F, S, start)
         S[JOBS_KEY_STEP] = S[MEMO_STEP] = -(1 << 40)
         S[STEP] = -1
         self.predictor = system.predictor
@@ -118,6 +118,7 @@ class CompiledManager(ManagerBase):
             self.TAB = np.ascontiguousarray(reuse.values, dtype=np.float64)
             I[UCLASS] = reuse.uid_class
             S[NUM_GAP_CLASSES] = reuse.num_gap_classes
+            S[NUM_COUNT_CLASSES] = reuse.num_count_classes
         S[F_FIRST] = 0
 
     def _setup_prefetcher(self, pre) -> None:

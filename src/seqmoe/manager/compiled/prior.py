@@ -1,5 +1,6 @@
 """Where a uid's forecast positions are, and the learned prior of its next use beyond the
-forecast (`seqmoe.cache.forecast.ForecastPolicy._tail` and `cache.reuse.ReuseTable`), compiled.
+forecast (`seqmoe.cache.forecast.ForecastPolicy._tail` and `cache.reuse.ReuseTable`), compiled;
+`record_use` keeps each uid's row of the table.
 
 The prior of each uid is cached in F[PRIOR] for one forecast end (PRIOR_END) and recomputed only
 for the uids used or loaded since (the DIRTY stack `recency` fills).
@@ -11,9 +12,10 @@ import math
 
 import numba as nb
 
+from seqmoe.cache.reuse import COUNT_EDGES, DECAY
 from seqmoe.manager.compiled.layout import (
-    DIRTY, E_, F_FIRST, F_LAST, GEOM, LAST_STEP, LAYER, L_, NDIRTY, NUM_GAP_CLASSES, PREV_GAP, PRIOR, PRIOR_END,
-    UCLASS,
+    DIRTY, E_, F_FIRST, F_LAST, GEOM, LAST_STEP, LAST_USE, LAYER, L_, NDIRTY, NUM_COUNT_CLASSES, NUM_GAP_CLASSES,
+    PREV_GAP, PRIOR, PRIOR_END, RECENT, UCLASS, UROW,
 )
 
 jit = nb.njit(cache=True)
@@ -48,18 +50,34 @@ def next_after(S, end, l):
 
 
 @jit
+def record_use(I, F, S, u, step):
+    """u is used at `step`: its gap, recent count and reuse-table row (`ReuseTable.rows`), as the
+    reference's `access` updates them."""
+    last = I[LAST_USE, u]
+    gap = (step - last) // S[L_] if last >= 0 else 0
+    I[PREV_GAP, u] = gap
+    F[RECENT, u] = (F[RECENT, u] + 1.0) * DECAY[min(gap, len(DECAY) - 1)] if last >= 0 else 0.0
+    I[LAST_USE, u] = step
+    G, D = S[NUM_GAP_CLASSES], S[NUM_COUNT_CLASSES]
+    cls = I[UCLASS, u] * G
+    if G > 1 and gap > 0:
+        cls += min(1 + _log2_bucket(gap, G), G - 1)
+    cls *= D
+    if D > 1:
+        recent = F[RECENT, u]
+        for edge in COUNT_EDGES:  # searchsorted: the edges below the count
+            if edge < recent:
+                cls += 1
+    I[UROW, u] = cls
+
+
+@jit
 def _prior(I, F, S, TAB, u, nxt):
     """The learned prior of u's next use beyond the forecast, `nxt` being u's first position after it."""
     if TAB.shape[0] == 0:
         return F[GEOM, u]
     age = (nxt - I[LAST_STEP, u]) // S[L_]
-    G = S[NUM_GAP_CLASSES]
-    cls = I[UCLASS, u] * G
-    if G > 1:
-        gap = I[PREV_GAP, u]
-        if gap > 0:
-            cls += min(1 + _log2_bucket(gap, G), G - 1)
-    return TAB[cls, _log2_bucket(age, TAB.shape[1])]
+    return TAB[I[UROW, u], _log2_bucket(age, TAB.shape[1])]
 
 
 @jit
@@ -71,16 +89,12 @@ def priors(I, F, S, TAB, end):
         F[PRIOR] = F[GEOM]
         S[PRIOR_END] = end
     elif S[PRIOR_END] != end:  # `_prior` of every uid, inline (a call per uid costs here)
-        G, A = S[NUM_GAP_CLASSES], TAB.shape[1]
-        prior, last, ucls, prev = F[PRIOR], I[LAST_STEP], I[UCLASS], I[PREV_GAP]
+        A = TAB.shape[1]
+        prior, last, row = F[PRIOR], I[LAST_STEP], I[UROW]
         for l in range(L):
             nxt = next_after(S, end, l)
             for u in range(l * E, (l + 1) * E):
-                cls = ucls[u] * G
-                gap = prev[u]
-                if G > 1 and gap > 0:
-                    cls += min(1 + _log2_bucket(gap, G), G - 1)
-                prior[u] = TAB[cls, _log2_bucket((nxt - last[u]) // L, A)]
+                prior[u] = TAB[row[u], _log2_bucket((nxt - last[u]) // L, A)]
         S[PRIOR_END] = end
     else:
         for i in range(S[NDIRTY]):

@@ -7,9 +7,10 @@ import numba as nb
 
 from seqmoe.manager.compiled.layout import (
     AHEAD_STEP, AHEAD_VERSION, COSTS_STEP, DIRTY, FU_VERSION, F_FIRST, F_LAST, LAST_STEP, LAST_USE, LRU_HEAD,
-    LRU_NEXT, LRU_PREV, LRU_TAIL, L_, MUT, NDIRTY, NUM_PRESENT, PINNED, POLICY, POLICY_LRU, POL_STEP, PREV_GAP,
-    PRIOR_END, RES, TICK, TICKS, VAL_STEP, VAL_VERSION, VERSION,
+    LRU_NEXT, LRU_PREV, LRU_TAIL, MUT, NDIRTY, NUM_COUNT_CLASSES, NUM_GAP_CLASSES, NUM_PRESENT, PINNED, POLICY,
+    POLICY_LRU, POL_STEP, PREV_GAP, PRIOR_END, RECENT, RES, TICK, TICKS, UCLASS, UROW, VAL_STEP, VAL_VERSION, VERSION,
 )
+from seqmoe.manager.compiled.prior import record_use
 
 jit = nb.njit(cache=True)
 NOT_LISTED = -2  # LRU_PREV of a uid outside the LRU list
@@ -69,7 +70,7 @@ def _touch(I, S, u, step):
 
 
 @jit
-def policy_reset(I, S, start):
+def policy_reset(I, F, S, start):
     """Forget everything; `start` is the start placement, most valuable first."""
     I[LRU_PREV, :] = NOT_LISTED
     I[LRU_NEXT, :] = -1
@@ -78,6 +79,8 @@ def policy_reset(I, S, start):
     I[LAST_STEP, :] = -1
     I[LAST_USE, :] = -1
     I[PREV_GAP, :] = 0
+    F[RECENT, :] = 0.0
+    I[UROW, :] = I[UCLASS, :] * S[NUM_GAP_CLASSES] * S[NUM_COUNT_CLASSES]  # no use yet: no gap, no count
     m = len(start)
     for i in range(m):
         u = start[m - 1 - i]  # most valuable first in = most recent: the list is built from the back
@@ -101,13 +104,11 @@ def policy_insert(I, S, u, step):
 
 
 @jit
-def policy_access(I, S, u, step):
+def policy_access(I, F, S, u, step):
     if S[POLICY] == POLICY_LRU:
         _lru_append(I, S, u)
     else:
-        last = I[LAST_USE, u]
-        I[PREV_GAP, u] = (step - last) // S[L_] if last >= 0 else 0
-        I[LAST_USE, u] = step
+        record_use(I, F, S, u, step)
         _touch(I, S, u, step)
 
 

@@ -82,7 +82,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
         else:
             S[READY] += 1
         I[UNUSED_PF, u] = 0
-        policy_access(I, S, u, step)
+        policy_access(I, F, S, u, step)
     queue = np.empty(len(needed), dtype=np.int64)  # the forecast policy's demand victims, in order
     nq, qi, misses = 0, 0, 0
     for u in needed:
@@ -107,7 +107,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
             if not _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
                 return ERR_NO_SLOT, start
         ops.demand_load(I, F, S, G, DQ, PH, RQI, RQF, EV, u, step, reveal)
-        policy_access(I, S, u, step)
+        policy_access(I, F, S, u, step)
         waiting[nw] = u
         nw += 1
     if nw:
