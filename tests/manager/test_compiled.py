@@ -111,7 +111,7 @@ def test_the_observer_hears_the_same_calls_in_the_same_order():
     for cls in (MemoryManager, CompiledManager):
         rec = _Recorder()
         policy = ForecastPolicy.from_trace(train)  # plans after each layer too: promotions happen then
-        pre = DeadlinePrefetcher(policy, replan_after_compute=True)
+        pre = DeadlinePrefetcher(policy, margin=0.5, replan_after_compute=True)  # a fixed price: many prefetches
         system = System("markov", policy, AffinityPredictor(train), pre)
         m = cls(system, model=tiny_model(test), hardware=tiny_hardware(3e8), capacity=C, start=start, observer=rec)
         d = Driver(m)

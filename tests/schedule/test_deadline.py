@@ -16,7 +16,9 @@ from seqmoe.cache import BeladyPolicy, FutureUses, belady_misses
 from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.predict.base import Forecast
 from seqmoe.predict.oracle import OracleForecaster
-from seqmoe.schedule.deadline import DeadlinePrefetcher, plan_jobs, plan_jobs_general, slots_by_deadline
+from seqmoe.schedule.deadline import (
+    MAX_MARGIN, MIN_MARGIN, DeadlinePrefetcher, plan_jobs, plan_jobs_general, price_of_copy, slots_by_deadline,
+)
 from seqmoe.manager.placement import capacity_for, start_placement
 from seqmoe.manager import System
 from seqmoe.sim import simulate
@@ -129,7 +131,7 @@ class BusyView:
     """A pool view whose channel is booked far ahead (no room to issue); records cancellations."""
 
     def __init__(self, num_layers, num_experts):
-        self.step, self.now, self.copy_time_s = 0, 0.0, 1.0
+        self.step, self.now, self.copy_time_s, self.channel_use = 0, 0.0, 1.0, 1.0
         self.num_layers, self.num_experts = num_layers, num_experts
         self.cancelled = []
 
@@ -156,3 +158,33 @@ def test_queued_prefetches_the_forecast_dropped_are_cancelled():
     probs[4, 2] = 0.9  # 2 still expected at position 5; 3 no longer
     prefetcher.plan(Forecast(np.arange(1, 7), probs), view)
     assert view.cancelled == [3] and prefetcher._queued == {2: 5}
+
+
+def test_the_price_of_a_copy_follows_the_channel_busy_share_within_its_bounds():
+    assert [price_of_copy(u) for u in (0.0, 0.5, 0.8, 1.0)] == [MIN_MARGIN, 0.5, 0.8, MAX_MARGIN]
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_saturated_channel_prices_copies_high_and_an_idle_one_at_the_floor(compiled):
+    """The managers' measured busy share: ~1 over a slow link, ~0 over a fast one; the margin follows."""
+    from seqmoe.manager import Driver, build_manager
+    from seqmoe.predict.affinity import AffinityPredictor
+
+    train, test = make_trace(seed=5), make_trace(seed=6, num_tokens=80)
+    C = capacity_for(0.3, test.num_layers, test.num_experts)
+    start = start_placement(train, C)
+    use = []
+    for hw in (tiny_hardware(1e8), tiny_hardware(1e13, copy_overhead_s=0.0)):
+        policy = ForecastPolicy.from_trace(train)
+        pre = DeadlinePrefetcher(policy)
+        system = System("markov", policy, AffinityPredictor(train), pre)
+        m = build_manager(system, model=tiny_model(test), hardware=hw, capacity=C, start=start, compiled=compiled)
+        d = Driver(m)
+        for t in range(test.num_tokens):
+            d.token_start(None, t == 0)
+            for l in range(test.num_layers):
+                d.reveal(l, test.expert_ids[t, l])
+                d.layer_end(l)
+        use.append(m.channel_use)
+    assert use[0] > 0.95 and use[1] < 0.05
+    assert price_of_copy(use[0]) == MAX_MARGIN and price_of_copy(use[1]) == MIN_MARGIN

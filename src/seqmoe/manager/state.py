@@ -32,6 +32,8 @@ from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_ti
 from seqmoe.schedule.base import Prefetcher
 
 PACE_WEIGHT = 0.05
+CHANNEL_WEIGHT = 0.05
+"""Weight of each token in the moving average of the channel's busy share (about 20 tokens' memory)."""
 """Moving-average weight of the newest layer in the measured pace."""
 
 
@@ -85,10 +87,22 @@ class ManagerBase:
         self.token_s = token_overhead_s(model, hardware)
         self.layer_s = self.non_expert_s + self.top_k * self.per_expert_s
         self.copy_time_s = copy_time_s(model, hardware)
+        self.channel_use = 0.5
+        """Share of time the copy channel is busy: a moving average over tokens, updated at each token start."""
+        self._channel_mark = (0.0, 0)  # (time, copies started) at the last token start
         self.replans = bool(getattr(system.prefetcher, "replan_after_compute", False))
         """Wants `layer_end` after each layer's experts (the driver skips the call otherwise)."""
         self.wants_ids = system.predictor is not None
         """Reads the routed expert ids at each reveal (a predictor observes them)."""
+
+    def _note_channel(self, now: float, started: int) -> None:
+        """Fold the last token's busy share (copies started times the copy time, over its duration) into
+        `channel_use`; both managers call it at each token start, with the same arithmetic."""
+        t, n = self._channel_mark
+        if now > t:
+            busy = min(1.0, (started - n) * self.copy_time_s / (now - t))
+            self.channel_use += CHANNEL_WEIGHT * (busy - self.channel_use)
+        self._channel_mark = (now, started)
 
     def begin_request(self) -> None:
         """A new request starts: the predictor forgets the request-level history."""
@@ -308,6 +322,7 @@ class MemoryManager(ManagerBase):
     def token_start(self, step: int, now: float, token_id: int | None) -> None:
         self.step, self.now = step - 1, now
         self._finish_copies(now)
+        self._note_channel(now, self.engine.started)
         pred, pre = self.system.predictor, self.system.prefetcher
         if pred is None and pre is None:
             return

@@ -299,6 +299,12 @@ def _seqmoe_markov(inp: SystemInputs) -> System:
     return System("seqmoe-markov-forecast", policy, AffinityPredictor(inp.train), DeadlinePrefetcher(policy))
 
 
+@register_system("seqmoe-prior-eviction", "ablation: seqmoe's learned reuse prior alone (no forecast, no prefetch)",
+                 role="ablation")
+def _seqmoe_prior(inp: SystemInputs) -> System:
+    return System("seqmoe-prior-eviction", ForecastPolicy.from_trace(inp.train))
+
+
 @register_system("seqmoe-oracle-forecast", "seqmoe's scheduler and eviction fed the true next 20 tokens: its upper bound",
                  role="oracle")
 def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:

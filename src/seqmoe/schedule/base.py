@@ -23,6 +23,8 @@ class PoolView(Protocol):
     """C, slots in the pool."""
     copy_time_s: float
     """Seconds per expert copy."""
+    channel_use: float
+    """Share of time the copy channel has been busy lately (a moving average over tokens)."""
     num_experts: int
     """E."""
     num_layers: int

@@ -129,9 +129,9 @@ class DeadlinePrefetcher:
     used within the forecast (the expected hits it brings) and loses the keep value of the resident
     it displaces (about the probability of that one's next use, discounted) when the copy turns out
     wasted: the i-th most valuable candidate is paired with the i-th cheapest resident
-    (`ForecastPolicy.cheapest`). Pairs whose profit is not above `margin` are dropped: in a
-    copy-bound regime a wasted copy costs a whole copy of channel time, so `margin` is about the
-    break-even probability of a copy. So are pairs where the newcomer's keep value is below its
+    (`ForecastPolicy.cheapest`). Pairs whose profit is not above `margin` are dropped: `margin` is
+    the break-even probability of a copy, by default the channel's measured busy share
+    (`price_of_copy`). So are pairs where the newcomer's keep value is below its
     victim's (it would be the next one evicted: fetched too far ahead). `plan_jobs` picks the best
     set that can be on time from
     `view.backlog_end()`; jobs too late to be on time whatever happens stay too (a late copy still
@@ -149,7 +149,8 @@ class DeadlinePrefetcher:
     Args:
         policy: the pool's eviction policy; it gets every forecast through `update`.
         min_prob: smallest forecast probability worth a job.
-        margin: smallest profit (expected hits gained, `_profit`) worth a copy.
+        margin: smallest profit (expected hits gained, `_profit`) worth a copy; None: priced at run
+            time by `price_of_copy` from the share of time the channel is busy (`view.channel_use`).
         max_harm: largest probability that the displaced expert is used before the copy's position.
         max_jobs: most candidates planned per call (the channel rarely fits more within a horizon).
         max_tries: most planned jobs examined per call for issue.
@@ -160,12 +161,13 @@ class DeadlinePrefetcher:
             the extra plans issued more copies and cost time on both workloads (docs/LOG.md).
     """
 
-    def __init__(self, policy: ForecastPolicy, *, min_prob: float = 0.05, margin: float = 0.5,
+    def __init__(self, policy: ForecastPolicy, *, min_prob: float = 0.05, margin: float | None = None,
                  max_harm: float = 0.05, max_jobs: int = 64, max_tries: int = 8,
                  lead_copies: float | None = 4.0, replan_after_compute: bool = False) -> None:
         self.policy = policy
         self.replan_after_compute = replan_after_compute
         self.min_prob, self.margin, self.max_harm = min_prob, margin, max_harm
+        self._margin = 0.5 if margin is None else margin  # the margin of the current plan
         self.max_jobs, self.max_tries, self.lead_copies = max_jobs, max_tries, lead_copies
         self._queued: dict[int, int] = {}  # uid -> position, prefetches issued and maybe still queued
         self._jobs_key: tuple | None = None  # (policy state, presence) the cached candidates hold for
@@ -173,6 +175,7 @@ class DeadlinePrefetcher:
 
     def plan(self, forecast: Forecast | None, view: PoolView) -> None:
         self.policy.update(forecast, view.step)  # None (after a layer's compute): keep the last one
+        self._margin = price_of_copy(view.channel_use) if self.margin is None else self.margin
         if forecast is not None and self._queued and hasattr(view, "cancel"):
             self._cancel_stale(view)
         start, copy = view.backlog_end(), view.copy_time_s
@@ -211,7 +214,7 @@ class DeadlinePrefetcher:
             return False
         if victim is not None:
             cost = self.policy.keep_value(victim)
-            if _profit(value, cost) <= self.margin or self.policy.keep_value(uid) <= cost:
+            if _profit(value, cost) <= self._margin or self.policy.keep_value(uid) <= cost:
                 return False
         if not view.prefetch(uid, step, victim):
             return False  # the victim is pinned
@@ -237,7 +240,7 @@ class DeadlinePrefetcher:
 
         They depend on the policy's state and the presence of each uid only: kept while neither changes.
         """
-        key = (self.policy.state_key(), view.present_mask().tobytes(), self.min_prob, self.margin, self.max_jobs)
+        key = (self.policy.state_key(), view.present_mask().tobytes(), self.min_prob, self._margin, self.max_jobs)
         if key != self._jobs_key:
             self._jobs_cache = self._find_jobs(view)
             self._jobs_key = key
@@ -258,9 +261,25 @@ class DeadlinePrefetcher:
         profit = _profit(value, cost)
         # Do no harm: the newcomer must be worth more than its victim, else it would be the next
         # one evicted (a copy fetched too far ahead of its use).
-        ok = (profit > self.margin) & (keep[top] > cost)
+        ok = (profit > self._margin) & (keep[top] > cost)
         top = top[ok]
         return uids[top], steps[top], value[ok], profit[ok]
+
+
+MIN_MARGIN, MAX_MARGIN = 0.5, 0.95
+"""The price of a copy stays within these: a copy more likely wasted than used is never worth its
+victim, and a certain forecast is always worth its copy."""
+
+
+def price_of_copy(channel_use: float) -> float:
+    """The break-even probability of a prefetch when the channel is busy `channel_use` of the time.
+
+    A used prefetch saves the part of its copy that runs while the channel would otherwise idle,
+    (1 - u) of a copy on average; a wasted one costs the channel time other copies would have used,
+    u of a copy. p (1 - u) = (1 - p) u gives p = u: on a saturated channel only near-certain copies
+    pay (docs/LOG.md: the best fixed margins track u).
+    """
+    return min(max(channel_use, MIN_MARGIN), MAX_MARGIN)
 
 
 def _profit(use_prob, victim_keep):

@@ -21,7 +21,7 @@ from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
 from seqmoe.manager.state import PACE_WEIGHT as PACE_W
 from seqmoe.manager.state import ManagerBase
-from seqmoe.schedule.deadline import DeadlinePrefetcher
+from seqmoe.schedule.deadline import DeadlinePrefetcher, price_of_copy
 
 
 def _policy_kind(policy) -> int | None:
@@ -123,11 +123,14 @@ class CompiledManager(ManagerBase):
 
     def _setup_prefetcher(self, pre) -> None:
         S, G = self.S, self.G
+        self._adaptive_margin = False
         if pre is None:
             S[PREFETCHER] = PREFETCH_NONE
             return
         S[PREFETCHER] = PREFETCH_DEADLINE
-        G[MIN_PROB], G[MARGIN], G[MAX_HARM] = pre.min_prob, pre.margin, pre.max_harm
+        self._adaptive_margin = pre.margin is None
+        G[MIN_PROB], G[MAX_HARM] = pre.min_prob, pre.max_harm
+        G[MARGIN] = price_of_copy(self.channel_use) if pre.margin is None else pre.margin
         G[LEAD] = -1.0 if pre.lead_copies is None else pre.lead_copies
         S[MAX_JOBS], S[MAX_TRIES] = pre.max_jobs, pre.max_tries
         self.JI = np.zeros((2, pre.max_jobs), np.int64)
@@ -139,6 +142,10 @@ class CompiledManager(ManagerBase):
     # -- the driver API ---------------------------------------------------------------------------------
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:
         step.move_to(*self._state, step_ - 1, now, self.buf)
+        self._note_channel(now, int(self.S[STARTED]))
+        if self._adaptive_margin and self.G[MARGIN] != price_of_copy(self.channel_use):
+            self.G[MARGIN] = price_of_copy(self.channel_use)
+            self.S[JOBS_KEY_STEP] = -(1 << 40)  # the cached candidates were filtered by the old margin
         if self.predictor is None and not self._plans:
             return
         t0 = time.perf_counter()
