@@ -34,7 +34,9 @@ from seqmoe.manager.systems import check_systems, oracles, systems_with
 from seqmoe.sim.run import load_workload, run_sweep
 from seqmoe.trace.io import load_trace
 TABLES = {"hit_rate": "Hit rate (ready + late)", "full_load_fraction": "Full-load fraction (full-load time / time)",
-          "bound_fraction": "Bound fraction (bound time / time)"}  # fmt: skip
+          "bound_fraction": "Bound fraction (bound time / time)",
+          "copies_per_belady": "Copies / Belady's copies (lower is better)"}  # fmt: skip
+LOWER_IS_BETTER = {"copies_per_belady"}
 
 
 def main() -> int:
@@ -84,18 +86,21 @@ def main() -> int:
 
 
 def _tables(rows: list[dict], hw: str, systems: list[str], residencies: list[float]) -> str:
-    """Markdown tables (system x residency) of the three metrics; the best realisable value in bold."""
+    """Markdown tables (system x residency) of the metrics; the best realisable value in bold."""
     cell = {(r["system"], r["residency"]): r for r in rows}
     head = "| system | " + " | ".join(f"r={x:g}" for x in residencies) + " |"
     rule = "|---" * (len(residencies) + 1) + "|"
     upper = set(oracles())
     parts = [f"### {hw} ({rows[0]['num_tokens']} test tokens)"]
     for key, title in TABLES.items():
-        best = {x: max(cell[s, x][key] for s in systems if s not in upper) for x in residencies}
+        pick = min if key in LOWER_IS_BETTER else max
+        best = {x: pick((cell[s, x].get(key) for s in systems if s not in upper and cell[s, x].get(key) is not None),
+                        default=None) for x in residencies}
         lines = [f"{title}:", "", head, rule]
         for s in systems:
-            vals = [cell[s, x][key] for x in residencies]
-            txt = [f"**{v:.3f}**" if s not in upper and v == best[x] else f"{v:.3f}" for v, x in zip(vals, residencies)]
+            vals = [cell[s, x].get(key) for x in residencies]
+            txt = ["-" if v is None else f"**{v:.3f}**" if s not in upper and v == best[x] else f"{v:.3f}"
+                   for v, x in zip(vals, residencies)]
             lines.append(f"| `{s}` | " + " | ".join(txt) + " |")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)

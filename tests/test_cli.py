@@ -9,6 +9,8 @@ import json
 
 import pytest
 
+from seqmoe.bench.plot import METRICS
+
 from seqmoe.cli import main
 from seqmoe.profiles import get_model_profile
 from seqmoe.trace.io import save_trace
@@ -69,7 +71,8 @@ def test_sweep_writes_jsonl_and_plots(files, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["system"], r["residency"]) for r in rows] == [
         ("on-demand-lru", 0.2), ("oracle-prefetch", 0.2), ("on-demand-lru", 0.5), ("oracle-prefetch", 0.5)]
-    assert {p.name for p in plots.iterdir()} == {"hit_rate.png", "full_load_fraction.png", "bound_fraction.png"}
+    assert {p.name for p in plots.iterdir()} == {f"{m}.png" for m in METRICS}
+    assert {"hit_rate", "bound_fraction", "copies_per_belady"} <= set(METRICS)
     assert main(["plot", str(out), "--out", str(files / "again")]) == 0
 
 

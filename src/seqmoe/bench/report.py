@@ -21,17 +21,22 @@ _COLUMNS = [  # (header, key, format)
     ("time s", "time_s", "{:.3f}"),
     ("full-load", "full_load_fraction", "{:.3f}"),
     ("bound", "bound_fraction", "{:.3f}"),
+    ("copies/bel", "copies_per_belady", "{:.2f}"),
     ("us/tok", "decision_us_per_token", "{:.0f}"),
 ]
 
 
 def format_table(rows: list[dict]) -> str:
     """Fixed-width table of the main metrics, one line per row."""
-    cells = [[h for h, _, _ in _COLUMNS]] + [[fmt.format(r[k]) for _, k, fmt in _COLUMNS] for r in rows]
+    cells = [[h for h, _, _ in _COLUMNS]] + [[_cell(r.get(k), fmt) for _, k, fmt in _COLUMNS] for r in rows]
     widths = [max(len(c[i]) for c in cells) for i in range(len(_COLUMNS))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))) for line in cells]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)
+
+
+def _cell(value, fmt: str) -> str:
+    return "-" if value is None else fmt.format(value)  # None: undefined (no Belady copies; a live run)
 
 
 def write_jsonl(rows: list[dict], path: str | Path) -> None:

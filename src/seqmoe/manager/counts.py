@@ -44,6 +44,7 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         expert_bytes: bytes per expert copy.
         belady_misses: N_opt, Belady's demand misses at the same capacity and start placement; the
             bound fields are left out without it (a live run does not know its future).
+            `copies_per_belady` is copies / N_opt (None when Belady copies nothing).
     """
     n = c.ready + c.late + c.misses
     rate = (lambda x: x / n) if n else (lambda x: 0.0)
@@ -72,5 +73,6 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
     }
     if belady_misses is not None:
         bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
-        row.update(belady_misses=belady_misses, bound_time_s=bound, bound_fraction=bound / c.time_s)
+        row.update(belady_misses=belady_misses, bound_time_s=bound, bound_fraction=bound / c.time_s,
+                   copies_per_belady=c.copies / belady_misses if belady_misses else None)
     return row
