@@ -149,4 +149,9 @@ def test_the_kernel_cache_is_keyed_by_every_kernel_module():
     here = Path(_cache.__file__).parent
     jitted = {p.stem for p in here.glob("*.py") if re.search(r"^@jit|nb\.njit", p.read_text(), re.M)}
     assert jitted <= set(_cache.MODULES)
+    # so must every module outside the package a kernel module imports constants from
+    imports = re.compile(r"^from seqmoe\.((?!manager\.compiled)[\w.]+) import", re.M)
+    outside = {m.replace(".", "/") + ".py" for name in _cache.MODULES
+               for m in imports.findall((here / f"{name}.py").read_text())}
+    assert outside == set(_cache.CONSTANTS)
     assert _cache.cache_folder().name != ""

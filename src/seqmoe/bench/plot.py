@@ -50,7 +50,8 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
         colors = iter(plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2])
         greys = iter(["0.35", "0.6", "0.75", "0.5", "0.45"] * 4)  # oracles: grey dashed references
         for name, pts in series.items():
-            pts = sorted((p for p in pts if p.get(key) is not None), key=lambda r: r["residency"])  # older rows lack a metric
+            pts = [p for p in pts if p.get(key) is not None]  # older rows lack a metric; None: undefined
+            pts = sorted(pts, key=lambda r: r["residency"])
             style = dict(ls="--", marker="x", color=next(greys)) if role[name] == "oracle" \
                 else dict(marker="o", color=next(colors), lw=2.5 if role[name] == "seqmoe" else 1.5)
             ax.plot([p["residency"] for p in pts], [p[key] for p in pts], label=name, **style)

@@ -10,9 +10,10 @@ p_h * prod_{h' < h} (1 - p_h') (independence assumed). Past the last forecast po
 prior takes over: `ReuseTable`, fitted on the training split, gives E[discount of the wait] for
 an expert unused for `a` tokens, by frequency class, by the gap between its last two uses and by
 its recent use count (recency matters far more than frequency on real traces: a frequency-only
-prior loses to LRU; the previous gap marks bursts; the recent count, the text's current topic). With a certain forecast (one-hot rows) the keep value is
-exp(-distance / tau), so the policy evicts exactly what Belady evicts whenever the victim's next use
-lies within the horizon; every use beyond the horizon is worth less than any certain use within it.
+prior loses to LRU; the previous gap marks bursts; the recent count, the text's current topic).
+With a certain forecast (one-hot rows) the keep value is exp(-distance / tau), so the policy
+evicts exactly what Belady evicts whenever the victim's next use lies within the horizon; every
+use beyond the horizon is worth less than any certain use within it.
 Ties go to the least recently used.
 
     policy = ForecastPolicy.from_trace(train)

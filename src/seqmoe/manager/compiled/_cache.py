@@ -2,8 +2,8 @@
 
 numba checks a cached function against its own source file only; a kernel that calls into
 another module (step -> deadline -> policies -> engine) would keep the callee's old code after that
-module changed. One folder per hash of every kernel module (and the numba and Python versions)
-makes any change anywhere recompile everything.
+module changed. One folder per hash of every kernel module, of the modules whose constants they
+read, and of the numba and Python versions makes any change anywhere recompile everything.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import numba
 
 MODULES = ("layout", "engine", "recency", "prior", "forecast", "policies", "ops", "deadline", "step")
 """The kernel modules of this package, in import order."""
+CONSTANTS = ("cache/reuse.py",)
+"""Modules outside this package whose globals the kernels read (numba freezes them into the code)."""
 
 
 def cache_folder() -> Path:
@@ -26,6 +28,8 @@ def cache_folder() -> Path:
     here = Path(__file__).parent
     for name in MODULES:
         h.update((here / f"{name}.py").read_bytes())
+    for rel in CONSTANTS:
+        h.update((here.parents[1] / rel).read_bytes())
     root = Path(os.environ.get("SEQMOE_CACHE", Path.home() / ".cache" / "seqmoe"))
     return root / "numba" / h.hexdigest()[:16]
 
