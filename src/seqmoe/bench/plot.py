@@ -17,7 +17,7 @@ METRICS = {
     "hit_rate": "hit rate",
     "full_load_fraction": "full-load fraction (full-load time / time)",
     "bound_fraction": "bound fraction (bound time / time)",
-    "copies_per_belady": "copies / Belady's copies (1 = optimal eviction, no prefetch)",
+    "copies_per_belady": "copies / Belady's copies (1 = Belady)",
 }
 
 
