@@ -10,7 +10,8 @@ from that state to rho^(G - 1) for every expert, G the tokens until its next use
 value's discount of one token), then replays the held-out tokens with demand copies only, the
 reference manager, and probabilistic Belady whose prior beyond the forecast is (a) seqmoe's reuse
 table, (b) that table times the head's value of the current token. Prints copies / Belady's copies
-per residency. docs/LOG.md has the numbers; nothing of this is wired into seqmoe yet.
+per residency. docs/LOG.md has the numbers, and why wiring the head into seqmoe (forecast and
+prefetch in front of it) did not pay.
 """
 
 from __future__ import annotations
@@ -107,8 +108,8 @@ def main() -> int:
         n_opt = belady_misses(test.uids(), C, start)
         table, probe = ForecastPolicy.from_trace(full), HeadPrior.from_trace(full)
         probe.head_values = values
-        copies = [simulate(test, System(n, pol), model=model, hardware=hw, capacity=C, start=start, compiled=False).copies
-                  for n, pol in (("table", table), ("table x head", probe))]
+        copies = [simulate(test, System(name, pol), model=model, hardware=hw, capacity=C, start=start,
+                           compiled=False).copies for name, pol in (("table", table), ("table x head", probe))]
         print(f"| {r:g} | " + " | ".join(f"{c / n_opt:.3f}" for c in copies) + " |", flush=True)
     return 0
 
