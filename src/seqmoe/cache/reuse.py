@@ -3,7 +3,7 @@
 `ReuseTable`, fitted on a training trace, gives E[discount of the wait until the next use] for an
 expert unused for `a` tokens, by the expert's frequency class, by the gap between its last two
 uses (bursts: an expert used twice in a row is likely used again soon) and by its recent use
-count, a count of its earlier uses decayed with a half-life of `COUNT_HALF_LIFE` tokens (an expert
+count, a count of its earlier uses decayed by 1/e every `COUNT_DECAY_TOKENS` tokens (an expert
 the current text keeps using is used again sooner than its age alone says).
 
     table = fit_reuse_table(train, tau)
@@ -22,12 +22,12 @@ import numpy as np
 
 from seqmoe.trace.schema import RoutingTrace
 
-COUNT_HALF_LIFE = 16.0
+COUNT_DECAY_TOKENS = 16.0
 """Tokens over which a use's weight in the recent count falls to 1/e."""
 COUNT_EDGES = np.array([0.02, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0])
 """Recent-count classes: class c holds counts in (COUNT_EDGES[c - 1], COUNT_EDGES[c]]."""
 NUM_COUNT_CLASSES = len(COUNT_EDGES) + 1
-DECAY = np.exp(-np.arange(1024) / COUNT_HALF_LIFE)
+DECAY = np.exp(-np.arange(1024) / COUNT_DECAY_TOKENS)
 """DECAY[g]: the recent count's decay over a gap of g tokens (looked up, so that every implementation
 computes the same numbers; gaps past the table use its last entry, ~1e-28)."""
 MIN_SAMPLES = 50
