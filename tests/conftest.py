@@ -28,6 +28,19 @@ def make_trace(num_tokens=120, num_layers=3, num_experts=8, top_k=2, num_request
     return RoutingTrace(expert_ids=ids, request_offsets=offsets, meta=TraceMeta(model="tiny", num_experts=num_experts, source="test"))
 
 
+def drive(manager, trace: RoutingTrace) -> None:
+    """Feed `trace` to `manager` as one request through a `Driver`, token by token (unlike `simulate`,
+    the caller keeps the manager to inspect)."""
+    from seqmoe.manager import Driver
+
+    d = Driver(manager)
+    for t in range(trace.num_tokens):
+        d.token_start(None, t == 0)
+        for l in range(trace.num_layers):
+            d.reveal(l, trace.expert_ids[t, l])
+            d.layer_end(l)
+
+
 def tiny_model(trace: RoutingTrace) -> ModelProfile:
     return ModelProfile(name="tiny", num_layers=trace.num_layers, num_experts=trace.num_experts, top_k=trace.top_k,
                         expert_bytes=1_000_000, layer_bytes=2_000_000, token_bytes=1_000_000)

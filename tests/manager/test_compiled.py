@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from seqmoe.cache.forecast import ForecastPolicy
-from seqmoe.manager import Driver, SystemInputs, build_manager, build_system, capacity_for, start_placement
+from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
 from seqmoe.manager.compiled import CompiledManager, _cache, compilable
 from seqmoe.manager.state import MemoryManager, System
 from seqmoe.manager.systems import SYSTEMS
@@ -24,7 +24,7 @@ from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.predict.seqmodel import load_seq_predictor
 from seqmoe.schedule.deadline import DeadlinePrefetcher
 from seqmoe.sim import simulate
-from tests.conftest import make_trace, tiny_hardware, tiny_model
+from tests.conftest import drive, make_trace, tiny_hardware, tiny_model
 
 CASES = [(seed, r, bw) for seed in (0, 1, 2) for r in (0.2, 0.4, 0.7) for bw in (3e9, 3e10)]
 SHAPE = dict(num_layers=4, num_experts=16, top_k=3)
@@ -113,13 +113,8 @@ def test_the_observer_hears_the_same_calls_in_the_same_order():
         policy = ForecastPolicy.from_trace(train)  # plans after each layer too: promotions happen then
         pre = DeadlinePrefetcher(policy, margin=0.5, replan_after_compute=True)  # a fixed price: many prefetches
         system = System("markov", policy, AffinityPredictor(train), pre)
-        m = cls(system, model=tiny_model(test), hardware=tiny_hardware(3e8), capacity=C, start=start, observer=rec)
-        d = Driver(m)
-        for t in range(test.num_tokens):
-            d.token_start(None, t == 0)
-            for l in range(test.num_layers):
-                d.reveal(l, test.expert_ids[t, l])
-                d.layer_end(l)
+        drive(cls(system, model=tiny_model(test), hardware=tiny_hardware(3e8), capacity=C, start=start, observer=rec),
+              test)
         calls.append(rec.calls)
     assert calls[0] == calls[1] and len(calls[0]) > 100
     assert {c[0] for c in calls[0]} == {"load", "promote", "evict"}

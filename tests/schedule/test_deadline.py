@@ -23,7 +23,7 @@ from seqmoe.manager.placement import capacity_for, start_placement
 from seqmoe.manager import System
 from seqmoe.sim import simulate
 from seqmoe.manager.counts import summarize
-from tests.conftest import make_trace, tiny_hardware, tiny_model
+from tests.conftest import drive, make_trace, tiny_hardware, tiny_model
 
 
 def edf_feasible(jobs, deadlines, lengths, start) -> bool:
@@ -167,7 +167,7 @@ def test_the_price_of_a_copy_follows_the_channel_busy_share_within_its_bounds():
 @pytest.mark.parametrize("compiled", [False, True])
 def test_a_saturated_channel_prices_copies_high_and_an_idle_one_at_the_floor(compiled):
     """The managers' measured busy share: ~1 over a slow link, ~0 over a fast one; the margin follows."""
-    from seqmoe.manager import Driver, build_manager
+    from seqmoe.manager import build_manager
     from seqmoe.predict.affinity import AffinityPredictor
 
     train, test = make_trace(seed=5), make_trace(seed=6, num_tokens=80)
@@ -179,12 +179,7 @@ def test_a_saturated_channel_prices_copies_high_and_an_idle_one_at_the_floor(com
         pre = DeadlinePrefetcher(policy)
         system = System("markov", policy, AffinityPredictor(train), pre)
         m = build_manager(system, model=tiny_model(test), hardware=hw, capacity=C, start=start, compiled=compiled)
-        d = Driver(m)
-        for t in range(test.num_tokens):
-            d.token_start(None, t == 0)
-            for l in range(test.num_layers):
-                d.reveal(l, test.expert_ids[t, l])
-                d.layer_end(l)
+        drive(m, test)
         use.append(m.channel_use)
     assert use[0] > 0.95 and use[1] < 0.05
     assert price_of_copy(use[0]) == MAX_MARGIN and price_of_copy(use[1]) == MIN_MARGIN

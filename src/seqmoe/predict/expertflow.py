@@ -3,9 +3,10 @@
 ExpertFlow (Shen et al. 2025) fuses the pre-gate guess (later layers' routers applied to the
 current hidden state) with the tokens and the experts used in recent layers, a small model (a
 random forest) learning the correction from the guess to the real routing, for distances out to
-about 20 layers. Simplifications here: the pre-gate input needs hidden states, which the routing
-traces we replay do not hold (DeepSeek-V2-Lite, Mixtral, the shipped seqmoe-tiny traces), so only
-the history part is kept; and the learner is a table per distance instead of a forest: for each
+about 20 layers. This module is the history part; the `expertflow-style` system fuses it with
+pre-gating (`predict.pregate.HybridPredictor`) when the traces hold pre-gate scores (collected
+with `--pregate`; the DeepSeek-V2-Lite and Mixtral traces and the shipped seqmoe-tiny ones do not).
+Simplification: the learner is a table per distance instead of a forest: for each
 source layer and distance d = 1..H, the probability of every expert d positions ahead given each
 expert used now, counted on the training split (`affinity.fit_transitions(gap=d)`: fitted
 directly at each distance, not chained from one-step transitions as `affinity-style` does). The

@@ -143,8 +143,9 @@ class CompiledManager(ManagerBase):
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:
         step.move_to(*self._state, step_ - 1, now, self.buf)
         self._note_channel(now, int(self.S[STARTED]))
-        if self._adaptive_margin and self.G[MARGIN] != price_of_copy(self.channel_use):
-            self.G[MARGIN] = price_of_copy(self.channel_use)
+        price = price_of_copy(self.channel_use) if self._adaptive_margin else self.G[MARGIN]
+        if price != self.G[MARGIN]:
+            self.G[MARGIN] = price
             self.S[JOBS_KEY_STEP] = -(1 << 40)  # the cached candidates were filtered by the old margin
         if self.predictor is None and not self._plans:
             return
