@@ -5,11 +5,13 @@ Run: .venv/bin/pytest tests/test_profiles.py -q
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from seqmoe.errors import UserError
+from seqmoe.host_cost import host_expert_time_s
 from seqmoe.profiles import (
     HARDWARE_PROFILES,
     MODEL_PROFILES,
@@ -117,6 +119,20 @@ def test_custom_json_and_toml(tmp_path):
     (tmp_path / "hw.toml").write_text(toml)
     hw = get_hardware_profile(str(tmp_path / "hw.toml"))
     assert (hw.name, hw.h2d_bytes_per_s, hw.hbm_efficiency, hw.copy_overhead_s) == ("hw", 3e10, 0.7, 20e-6)
+    assert host_expert_time_s(MODEL_PROFILES["olmoe-1b-7b"], hw) is None  # no host fields: no CPU path
+    (tmp_path / "host.toml").write_text(toml + "host_cores = 16.0\nhost_memory_bytes_per_s = 8.32e10\n")
+    assert get_hardware_profile(tmp_path / "host.toml").host_cores == 16
+
+
+def test_host_expert_time_scales_the_measurement_by_cited_bandwidth_and_cores():
+    ds = MODEL_PROFILES["deepseek-v2-lite"]
+    desktop, server = HARDWARE_PROFILES["rtx4090-pcie4"], HARDWARE_PROFILES["h100-pcie5"]
+    assert desktop.host_cores == 16 and desktop.host_memory_bytes_per_s == pytest.approx(83.2e9)
+    # Memory-bound on both: 0.82 x 0.75 of 83.2 / 460.8 GB/s, plus one transfer's overhead.
+    assert host_expert_time_s(ds, desktop) == pytest.approx(20e-6 + ds.expert_bytes / (0.615 * 83.2e9))
+    assert host_expert_time_s(ds, server) == pytest.approx(20e-6 + ds.expert_bytes / (0.615 * 460.8e9))
+    few_cores = dataclasses.replace(server, host_cores=2)  # core-bound: 2 x 13 GB/s
+    assert host_expert_time_s(ds, few_cores) == pytest.approx(20e-6 + ds.expert_bytes / 26e9)
 
 
 @pytest.mark.parametrize(("text", "match"), [
@@ -128,6 +144,9 @@ def test_custom_json_and_toml(tmp_path):
     ('{"h2d_bytes_per_s": "fast", "hbm_bytes_per_s": 1e12, "device_memory_bytes": 1}', "finite number"),
     ("[1, 2]", "table/object"),
     ("{not json", "cannot read"),
+    ('{"h2d_bytes_per_s": 1e10, "hbm_bytes_per_s": 1e12, "device_memory_bytes": 1, "host_cores": 8}', "together"),
+    ('{"h2d_bytes_per_s": 1e10, "hbm_bytes_per_s": 1e12, "device_memory_bytes": 1, "host_cores": 0, '
+     '"host_memory_bytes_per_s": 1e11}', "host_cores must be >= 1"),
 ])
 def test_bad_hardware_files(tmp_path, text, match):
     (tmp_path / "hw.json").write_text(text)

@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 
 from seqmoe.errors import UserError
+from seqmoe.manager.paths import check_miss
 from seqmoe.manager.placement import check_residency
 
 DEFAULT_SYSTEM = "on-demand-lru"
@@ -55,11 +56,14 @@ class SimConfig:
     """Memory-management system (see `seqmoe systems`)."""
     predictor: str | None = None
     """Trained forecaster directory (`seqmoe train`) for the seqmoe systems; default: train one on --train (cached)."""
+    miss: str = "copy"
+    """How misses are served: copy (into a slot), in-place (read the host row over the link), cpu (compute on the host CPU; needs a hardware profile with a host) or auto (chosen per miss); cpu-all and static-split-style fix their own."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 
     def __post_init__(self) -> None:
         check_residency(self.residency)
+        check_miss(self.miss)
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_tokens is not None and self.max_tokens < 1:

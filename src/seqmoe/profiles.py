@@ -84,6 +84,10 @@ class HardwareProfile:
     """Fraction of peak memory bandwidth a batch-1 decode reaches, in (0, 1]."""
     device_memory_bytes: int
     """Device memory capacity, bytes."""
+    host_memory_bytes_per_s: float | None = None
+    """Peak host DRAM bandwidth (channels x MT/s x 8 bytes), bytes/s; None: no CPU miss path (`seqmoe.host_cost`)."""
+    host_cores: int | None = None
+    """Host CPU cores that compute experts (with `host_memory_bytes_per_s`)."""
     source: str = "user file"
     """Where the numbers come from."""
 
@@ -96,6 +100,11 @@ class HardwareProfile:
         if self.hbm_efficiency > 1:
             raise UserError(f"{what}: hbm_efficiency must be in (0, 1], got {self.hbm_efficiency}")
         _check_number(what, "device_memory_bytes", self.device_memory_bytes, integer=True, minimum=1)
+        if (self.host_memory_bytes_per_s is None) != (self.host_cores is None):
+            raise UserError(f"{what}: give host_memory_bytes_per_s and host_cores together (or neither: no CPU path)")
+        if self.host_cores is not None:
+            _check_number(what, "host_memory_bytes_per_s", self.host_memory_bytes_per_s, minimum=0, strict=True)
+            _check_number(what, "host_cores", self.host_cores, integer=True, minimum=1)
 
     def to_dict(self) -> dict:
         """All fields as a JSON-serialisable dict (the format `get_hardware_profile` reads)."""
@@ -293,6 +302,13 @@ _ALPHA_S = 20e-6
 # PCIe 5.0 x16 about 50-57 GB/s (64 GB/s raw); we take the low end of each.
 _PCIE4_H2D = 25e9
 _PCIE5_H2D = 50e9
+# Hosts (peak DRAM bandwidth = channels x MT/s x 8 bytes). Desktop: AMD Ryzen 9 7950X spec, 16
+# cores, two channels of DDR5-5200 = 83.2 GB/s. Servers: AMD EPYC 9654 (Genoa) spec, 96 cores,
+# twelve channels of DDR5-4800 = 460.8 GB/s; AMD EPYC 7763 (Milan), 64 cores, eight channels of
+# DDR4-3200 = 204.8 GB/s (the figures AMD's EDAC patches implied, as Tom's Hardware reported them).
+_DESKTOP = dict(host_memory_bytes_per_s=2 * 5200e6 * 8, host_cores=16)
+_GENOA = dict(host_memory_bytes_per_s=12 * 4800e6 * 8, host_cores=96)
+_MILAN = dict(host_memory_bytes_per_s=8 * 3200e6 * 8, host_cores=64)
 
 
 def _hardware_presets() -> dict[str, HardwareProfile]:
@@ -300,20 +316,24 @@ def _hardware_presets() -> dict[str, HardwareProfile]:
         # NVIDIA GeForce RTX 4090 specifications: 24 GB GDDR6X, 384-bit at 21 Gbps = 1008 GB/s,
         # PCIe 4.0 x16 host interface.
         HardwareProfile(name="rtx4090-pcie4", h2d_bytes_per_s=_PCIE4_H2D, copy_overhead_s=_ALPHA_S,
-                        hbm_bytes_per_s=1008e9, device_memory_bytes=24 * 10**9,
-                        source="NVIDIA RTX 4090 spec (1008 GB/s, 24 GB); PCIe 4.0 x16 ~25 GB/s effective"),
+                        hbm_bytes_per_s=1008e9, device_memory_bytes=24 * 10**9, **_DESKTOP,
+                        source="NVIDIA RTX 4090 spec (1008 GB/s, 24 GB); PCIe 4.0 x16 ~25 GB/s effective; "
+                               "desktop host: Ryzen 9 7950X, 2 x DDR5-5200"),
         # NVIDIA A100 datasheet, A100 80GB PCIe: 80 GB HBM2e, 1,935 GB/s, PCIe Gen4 (64 GB/s bidirectional).
         HardwareProfile(name="a100-pcie4", h2d_bytes_per_s=_PCIE4_H2D, copy_overhead_s=_ALPHA_S,
-                        hbm_bytes_per_s=1935e9, device_memory_bytes=80 * 10**9,
-                        source="NVIDIA A100 datasheet, 80GB PCIe (1935 GB/s); PCIe 4.0 x16 ~25 GB/s effective"),
+                        hbm_bytes_per_s=1935e9, device_memory_bytes=80 * 10**9, **_MILAN,
+                        source="NVIDIA A100 datasheet, 80GB PCIe (1935 GB/s); PCIe 4.0 x16 ~25 GB/s effective; "
+                               "server host: EPYC 7763, 8 x DDR4-3200"),
         # NVIDIA H100 datasheet, H100 SXM: 80 GB HBM3, 3.35 TB/s; host link PCIe Gen5 (128 GB/s bidirectional).
         HardwareProfile(name="h100-pcie5", h2d_bytes_per_s=_PCIE5_H2D, copy_overhead_s=_ALPHA_S,
-                        hbm_bytes_per_s=3.35e12, device_memory_bytes=80 * 10**9,
-                        source="NVIDIA H100 datasheet, SXM5 80GB (3.35 TB/s); PCIe 5.0 x16 ~50 GB/s effective"),
+                        hbm_bytes_per_s=3.35e12, device_memory_bytes=80 * 10**9, **_GENOA,
+                        source="NVIDIA H100 datasheet, SXM5 80GB (3.35 TB/s); PCIe 5.0 x16 ~50 GB/s effective; "
+                               "server host: EPYC 9654, 12 x DDR5-4800"),
         # NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s; host link PCIe Gen5 (128 GB/s bidirectional).
         HardwareProfile(name="h200-pcie5", h2d_bytes_per_s=_PCIE5_H2D, copy_overhead_s=_ALPHA_S,
-                        hbm_bytes_per_s=4.8e12, device_memory_bytes=141 * 10**9,
-                        source="NVIDIA H200 datasheet (141 GB, 4.8 TB/s); PCIe 5.0 x16 ~50 GB/s effective"),
+                        hbm_bytes_per_s=4.8e12, device_memory_bytes=141 * 10**9, **_GENOA,
+                        source="NVIDIA H200 datasheet (141 GB, 4.8 TB/s); PCIe 5.0 x16 ~50 GB/s effective; "
+                               "server host: EPYC 9654, 12 x DDR5-4800"),
     ]
     return {p.name: p for p in presets}
 
@@ -370,6 +390,6 @@ def _from_file(cls, kind: str, path: Path):
     data.setdefault("name", path.stem)
     # JSON writers often emit 1.7e7 for byte counts; accept whole floats where an int is expected.
     for n, v in data.items():
-        if fields[n].type == "int" and isinstance(v, float) and v.is_integer():
+        if fields[n].type in ("int", "int | None") and isinstance(v, float) and v.is_integer():
             data[n] = int(v)
     return cls(**data)

@@ -10,6 +10,7 @@ from seqmoe.errors import UserError
 
 _COLUMNS = [  # (header, key, format)
     ("system", "system", "{}"),
+    ("miss", "miss", "{}"),
     ("resid.", "residency", "{:.2f}"),
     ("hit", "hit_rate", "{:.4f}"),
     ("ready", "ready_rate", "{:.4f}"),
@@ -21,6 +22,7 @@ _COLUMNS = [  # (header, key, format)
     ("time s", "time_s", "{:.3f}"),
     ("full-load", "full_load_fraction", "{:.3f}"),
     ("bound", "bound_fraction", "{:.3f}"),
+    ("paths bound", "paths_bound_fraction", "{:.3f}"),
     ("copies/bel", "copies_per_belady", "{:.2f}"),
     ("us/tok", "decision_us_per_token", "{:.0f}"),
 ]

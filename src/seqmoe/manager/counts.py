@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from seqmoe.manager.paths import paths_bound_time_s
+
 
 @dataclass
 class SimCounts:
@@ -14,7 +16,11 @@ class SimCounts:
     late: int = 0
     """Hits (copy issued before the reveal) the layer had to wait for."""
     misses: int = 0
-    """Activations that needed a demand copy."""
+    """Activations neither resident nor on their way at the reveal (served by a path of `seqmoe.manager.paths`)."""
+    in_place: int = 0
+    """Misses read in place from the host row (no slot)."""
+    host: int = 0
+    """Misses (or, for `cpu-all`, activations) computed on the host CPU."""
     prefetches: int = 0
     """Prefetch copies issued."""
     copies: int = 0
@@ -24,7 +30,7 @@ class SimCounts:
     cancelled: int = 0
     """Queued prefetches cancelled before their copy started, to free a slot for a demand copy."""
     stall_s: float = 0.0
-    """Time the expert computation waited for copies."""
+    """Time the expert computation waited for copies, in-place reads or the host CPU."""
     time_s: float = 0.0
     """Simulated decode time of the whole trace."""
     full_load_time_s: float = 0.0
@@ -34,6 +40,10 @@ class SimCounts:
     num_tokens: int = 0
     copy_time_s: float = 0.0
     """Seconds per expert copy under the hardware profile."""
+    per_expert_s: float = 0.0
+    """Device seconds per routed expert activation."""
+    host_expert_s: float | None = None
+    """Host CPU seconds per expert (None: the profile describes no host)."""
 
 
 def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = None) -> dict:
@@ -44,6 +54,9 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         expert_bytes: bytes per expert copy.
         belady_misses: N_opt, Belady's demand misses at the same capacity and start placement; the
             bound fields are left out without it (a live run does not know its future).
+            `bound_time_s` is the copy-only bound (a bound for systems that copy every miss);
+            `paths_bound_time_s` holds for every system with these slots, link and host CPU
+            (`seqmoe.manager.paths`).
             `copies_per_belady` is copies / N_opt (None when Belady copies nothing).
     """
     n = c.ready + c.late + c.misses
@@ -58,9 +71,12 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         "ready": c.ready,
         "late": c.late,
         "misses": c.misses,
+        "misses_in_place": c.in_place,
+        "misses_cpu": c.host,
         "prefetches": c.prefetches,
         "copies": c.copies,
         "bytes_copied": c.copies * expert_bytes,
+        "bytes_read_in_place": c.in_place * expert_bytes,
         "wasted_copies": c.wasted_copies,
         "cancelled_prefetches": c.cancelled,
         "stall_s": c.stall_s,
@@ -73,6 +89,9 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
     }
     if belady_misses is not None:
         bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
+        paths = paths_bound_time_s(full_load_time_s=c.full_load_time_s, activations=n, per_expert_s=c.per_expert_s,
+                                   copy_time_s=c.copy_time_s, host_expert_s=c.host_expert_s, belady_misses=belady_misses)
         row.update(belady_misses=belady_misses, bound_time_s=bound, bound_fraction=bound / c.time_s,
+                   paths_bound_time_s=paths, paths_bound_fraction=paths / c.time_s,
                    copies_per_belady=c.copies / belady_misses if belady_misses else None)
     return row

@@ -11,7 +11,8 @@ router outputs) make exactly these calls in this order, so their decisions and c
 
 The clock follows the cost model: a token first pays the non-MoE time, each layer its non-expert
 time before the reveal and its K experts' time after the experts start (when the manager says
-they are all present).
+they are all present); experts the manager sent to the host CPU overlap the device's, and the
+layer ends when the last output is back.
 """
 
 from __future__ import annotations
@@ -60,7 +61,15 @@ class Driver:
 
     def layer_end(self, layer: int) -> None:
         """Layer `layer`'s experts have computed (after the last layer, the token has ended)."""
-        self.clock += self._expert_s
+        m = self.manager
+        if m.host_served:  # the device computes the rest; the layer ends when the host's outputs are back
+            end = self.clock + (self.K - m.host_served) * m.per_expert_s
+            if m.host_end > end:
+                m.c.stall_s += m.host_end - end
+                end = m.host_end
+            self.clock, m.host_served = end, 0
+        else:
+            self.clock += self._expert_s
         if self._replans:
             self.manager.layer_end(self.tokens * self.L + layer, self.clock)
         if layer == self.L - 1:
@@ -72,6 +81,7 @@ class Driver:
         c = dataclasses.replace(m.c)
         c.time_s, c.copies, c.num_tokens, c.copy_time_s = self.clock, m.copies, self.tokens, m.copy_time_s
         c.full_load_time_s = self.tokens * (m.token_s + self.L * m.layer_s)
+        c.per_expert_s, c.host_expert_s = m.per_expert_s, m.host_expert_s
         return c
 
     def finish(self) -> SimCounts:

@@ -4,6 +4,9 @@ Rules (DESIGN.md): a demand copy goes ahead of queued prefetches but does not in
 copy; queued prefetches run earliest deadline first. The engine is advanced lazily: the caller
 moves time forward with `advance(t)` before issuing anything at time t, so every queued copy was
 issued while the channel was busy.
+
+An in-place read (a miss served from the host row, no slot taken) holds the channel like a copy:
+it is queued as a demand under the key `in_place_key(uid)` (negative) and counted in `reads`.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ class CopyEngine:
         self.copy_time_s = copy_time_s
         self.free_at = 0.0  # when the running copy ends (<= now when idle)
         self.started = 0  # copies started so far
+        self.reads = 0  # in-place reads started so far
         self._demand: deque[tuple[int, int]] = deque()  # (seq, uid)
         self._prefetch: list[tuple[int, int, int]] = []  # (deadline step, seq, uid)
         self._queued: dict[int, int] = {}  # uid -> seq of its live queue entry; other entries are stale
@@ -41,7 +45,10 @@ class CopyEngine:
             self.free_at = at + self.copy_time_s
             self.done_at[uid] = self.free_at
             self._running.append((self.free_at, uid))
-            self.started += 1
+            if uid < 0:
+                self.reads += 1
+            else:
+                self.started += 1
             return True
         return False
 
@@ -110,11 +117,50 @@ class CopyEngine:
                 out[uid] = t
         return out
 
+    def next_demand_end(self, now: float) -> float:
+        """When a demand queued now would finish: behind the running copy and the queued demands."""
+        queued = sum(1 for seq, uid in self._demand if self._queued.get(uid) == seq)
+        return max(self.free_at, now) + (queued + 1) * self.copy_time_s
+
     def backlog_end(self, now: float) -> float:
         """When the channel would be idle if nothing more were issued."""
         return max(self.free_at, now) + len(self._queued) * self.copy_time_s
 
     @property
+    def busy_count(self) -> int:
+        """Transfers started so far, copies and in-place reads (the channel's work)."""
+        return self.started + self.reads
+
+    @property
     def pending(self) -> int:
         """Copies queued or running."""
         return len(self._queued) + len(self._running)
+
+
+def in_place_key(uid: int) -> int:
+    """The channel key of an in-place read of `uid` (apart from a copy of the same uid)."""
+    return -1 - uid
+
+
+class HostLane:
+    """The host CPU computing missed experts, one after another (each a pass over its weights at the
+    host's full memory bandwidth, so running two at once would not finish either sooner).
+
+    Args:
+        expert_s: seconds per expert (`seqmoe.host_cost.host_expert_time_s`).
+    """
+
+    def __init__(self, expert_s: float) -> None:
+        self.expert_s = expert_s
+        self.free_at = 0.0
+        self.busy_s = 0.0
+
+    def next_end(self, now: float) -> float:
+        """When an expert handed over now would be done."""
+        return max(self.free_at, now) + self.expert_s
+
+    def run(self, now: float) -> float:
+        """Hand one expert over at `now`; when its output is back."""
+        self.free_at = self.next_end(now)
+        self.busy_s += self.expert_s
+        return self.free_at

@@ -25,16 +25,18 @@ import numpy as np
 from seqmoe.cache.base import EvictionPolicy
 from seqmoe.errors import UserError
 from seqmoe.manager.counts import SimCounts
-from seqmoe.manager.engine import CopyEngine
+from seqmoe.host_cost import host_expert_time_s
+from seqmoe.manager.engine import CopyEngine, HostLane, in_place_key
+from seqmoe.manager.paths import auto_path, check_miss
 from seqmoe.manager.placement import check_capacity
 from seqmoe.predict.base import Predictor
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_times_s, token_overhead_s
 from seqmoe.schedule.base import Prefetcher
 
 PACE_WEIGHT = 0.05
+"""Moving-average weight of the newest layer in the measured pace."""
 CHANNEL_WEIGHT = 0.05
 """Weight of each token in the moving average of the channel's busy share (about 20 tokens' memory)."""
-"""Moving-average weight of the newest layer in the measured pace."""
 
 
 @dataclass
@@ -45,6 +47,10 @@ class System:
     policy: EvictionPolicy
     predictor: Predictor | None = None
     prefetcher: Prefetcher | None = None
+    miss: str = "copy"
+    """How misses are served (`seqmoe.manager.paths.MISS_PATHS`)."""
+    host_only: bool = False
+    """Every routed expert runs on the host CPU, resident or not (no slot is used: `cpu-all`)."""
 
 
 class PoolObserver(Protocol):
@@ -58,6 +64,10 @@ class PoolObserver(Protocol):
 
     def on_evict(self, uid: int) -> None:
         """`uid` lost its slot (evicted, or its queued prefetch cancelled)."""
+
+    def on_off_pool(self, uid: int, on_host: bool) -> None:
+        """The current layer's `uid` is served without a slot: computed on the host CPU (`on_host`)
+        or read in place from its host row."""
 
 
 class ManagerBase:
@@ -87,6 +97,14 @@ class ManagerBase:
         self.token_s = token_overhead_s(model, hardware)
         self.layer_s = self.non_expert_s + self.top_k * self.per_expert_s
         self.copy_time_s = copy_time_s(model, hardware)
+        self.miss, self.host_only = check_miss(getattr(system, "miss", "copy")), getattr(system, "host_only", False)
+        self.host_expert_s = host_expert_time_s(model, hardware)
+        if self.host_expert_s is None and (self.miss == "cpu" or self.host_only):
+            raise UserError(f"system {system.name!r} computes experts on the host CPU, but hardware profile "
+                            f"{hardware.name!r} describes no host: give host_cores and host_memory_bytes_per_s")
+        self.lane = HostLane(self.host_expert_s) if self.host_expert_s is not None else None
+        self.host_served, self.host_end = 0, 0.0
+        """Experts of the current layer on the host CPU, and when the last of them is back (the driver reads them)."""
         self.channel_use = 0.5
         """Share of time the copy channel is busy: a moving average over tokens, updated at each token start."""
         self._channel_mark = (0.0, 0)  # (time, copies started) at the last token start
@@ -103,6 +121,14 @@ class ManagerBase:
             busy = min(1.0, (started - n) * self.copy_time_s / (now - t))
             self.channel_use += CHANNEL_WEIGHT * (busy - self.channel_use)
         self._channel_mark = (now, started)
+
+    def _on_host(self, uid: int, now: float) -> None:
+        """Serve `uid` on the host CPU from `now`."""
+        self.host_end = self.lane.run(now)
+        self.host_served += 1
+        self.c.host += 1
+        if self.observer is not None:
+            self.observer.on_off_pool(uid, True)
 
     def begin_request(self) -> None:
         """A new request starts: the predictor forgets the request-level history."""
@@ -261,9 +287,15 @@ class MemoryManager(ManagerBase):
         self.step, self.now = step, reveal
         self._finish_copies(reveal)
         c, policy, engine, present = self.c, self.system.policy, self.engine, self._present
+        if self.host_only:
+            for uid in needed:
+                c.misses += 1
+                self._on_host(uid, reveal)
+            return reveal
         pinned = self.pinned
         added = [u for u in needed if u not in pinned]
         pinned.update(added)
+        note_use = getattr(policy, "note_use", None)
         t0 = time.perf_counter()
         start, waiting = reveal, []
         for uid in needed:
@@ -287,7 +319,26 @@ class MemoryManager(ManagerBase):
             if present[uid]:
                 continue
             c.misses += 1
-            if not (self._make_room(uid) or self._reclaim_prefetch(needed) or self._await_running(uid, needed, added)):
+            path, victim = ("copy", None) if self.miss == "copy" else auto_path(self, uid, reveal)
+            if path != "copy":
+                if path == "cpu+copy":
+                    self._on_host(uid, reveal)
+                    self.prefetch(uid, step + self.num_layers, victim)
+                    continue  # the policy hears of the use when the copy lands (`insert` now, `access` then)
+                if path == "cpu":
+                    self._on_host(uid, reveal)
+                else:
+                    key = in_place_key(uid)
+                    engine.demand(key, reveal)
+                    waiting.append(key)
+                    c.in_place += 1
+                    if self.observer is not None:
+                        self.observer.on_off_pool(uid, False)
+                if note_use is not None:
+                    note_use(uid, step)
+                continue
+            if not (self._make_room(uid, victim) or self._reclaim_prefetch(needed)
+                    or self._await_running(uid, needed, added)):
                 raise UserError(f"no slot can be freed at position {step}: {self.capacity} slots are all copying")
             self._load(uid, step)
             engine.demand(uid, reveal)
@@ -322,7 +373,7 @@ class MemoryManager(ManagerBase):
     def token_start(self, step: int, now: float, token_id: int | None) -> None:
         self.step, self.now = step - 1, now
         self._finish_copies(now)
-        self._note_channel(now, self.engine.started)
+        self._note_channel(now, self.engine.busy_count)
         pred, pre = self.system.predictor, self.system.prefetcher
         if pred is None and pre is None:
             return

@@ -21,6 +21,7 @@ from seqmoe.errors import UserError
 from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
+from seqmoe.manager.paths import check_miss
 from seqmoe.manager.state import System
 from seqmoe.predict.base import Predictor
 from seqmoe.predict.expertflow import ExpertFlowPredictor
@@ -31,8 +32,9 @@ from seqmoe.schedule.deadline import DeadlinePrefetcher
 from seqmoe.schedule.expertflow import AdaptiveHorizonPrefetcher, ExpertFlowShared, TwoLevelLRUPolicy
 from seqmoe.trace.schema import RoutingTrace
 
-ROLES = ("baseline", "seqmoe", "ablation", "oracle")
-"""What a system is: a realisable baseline, the seqmoe system, an ablation of it, or an oracle (an upper bound)."""
+ROLES = ("baseline", "host", "seqmoe", "ablation", "oracle")
+"""What a system is: a realisable baseline, a reference that computes experts on the host CPU (it needs
+a hardware profile with a host), the seqmoe system, an ablation of it, or an oracle (an upper bound)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +69,8 @@ class SystemSpec:
     needs_pregate: bool = False
     """Needs traces with pre-gate scores (`--pregate`): left out of the default system lists and of
     the runtime (which computes no pre-gate yet)."""
+    miss: str | None = None
+    """The miss path the system always takes (`seqmoe.manager.paths`); None: the run's `miss` setting."""
 
     @property
     def reads_future(self) -> bool:
@@ -79,13 +83,13 @@ SYSTEMS: dict[str, SystemSpec] = {}
 
 def register_system(name: str, summary: str, *, role: str = "baseline", needs_predictor: bool = False,
                     learns: bool = True, forecaster: Callable[[RoutingTrace, int], Predictor] | None = None,
-                    needs_pregate: bool = False):
+                    needs_pregate: bool = False, miss: str | None = None):
     """Decorator: register `fn(inputs) -> System` under `name`."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
     def deco(fn):
-        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster, needs_pregate)
+        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster, needs_pregate, miss)
         return fn
 
     return deco
@@ -127,9 +131,13 @@ def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[
             and (with_train or not s.learns) and not s.needs_pregate]
 
 
-def build_system(name: str, inputs: SystemInputs) -> System:
-    """A fresh system by name (UserError naming the choices if unknown)."""
-    return system_spec(name).build(inputs)
+def build_system(name: str, inputs: SystemInputs, miss: str = "copy") -> System:
+    """A fresh system by name (UserError naming the choices if unknown), serving its misses by
+    `miss` unless it fixes its own path (`SystemSpec.miss`)."""
+    spec = system_spec(name)
+    system = spec.build(inputs)
+    system.miss = spec.miss or check_miss(miss)
+    return system
 
 
 @register_system("on-demand-lru", "no prefetch; evict the least recently used expert", learns=False)
@@ -166,6 +174,18 @@ def _moe_infinity(inp: SystemInputs) -> System:
                  forecaster=lambda train, horizon: AffinityPredictor(train, horizon=horizon))
 def _affinity(inp: SystemInputs) -> System:
     return System("affinity-style", LRUPolicy(), AffinityPredictor(inp.train), GreedyPrefetcher(min_prob=0.3))
+
+
+@register_system("cpu-all", "every routed expert computed on the host CPU, no expert slots (as llama.cpp --cpu-moe)",
+                 role="host", learns=False, miss="cpu")
+def _cpu_all(inp: SystemInputs) -> System:
+    return System("cpu-all", LRUPolicy(), host_only=True)
+
+
+@register_system("static-split-style", "the most used experts stay resident, every other one is computed on the host "
+                 "CPU (as llama.cpp --n-cpu-moe, ktransformers)", role="host", miss="cpu")
+def _static_split(inp: SystemInputs) -> System:
+    return System("static-split-style", LRUPolicy())  # misses go to the CPU, so the start placement never changes
 
 
 EXPERTFLOW_THRESHOLD = 8

@@ -86,11 +86,12 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
             w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
         predictor = w.predictors[cfg.predictor]
     inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor)
-    system = build_system(cfg.system, inputs)
+    system = build_system(cfg.system, inputs, cfg.miss)
     t0 = time.perf_counter()
     counts = simulate(test, system, model=w.model, hardware=w.hardware, capacity=capacity, start=start, progress=progress)
     wall = time.perf_counter() - t0
-    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": cfg.residency, "capacity": capacity}
+    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": cfg.residency, "capacity": capacity,
+           "miss": system.miss}
     row.update(summarize(counts, expert_bytes=w.model.expert_bytes, belady_misses=n_opt))
     row.update({
         "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,

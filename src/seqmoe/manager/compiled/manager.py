@@ -37,7 +37,7 @@ def _policy_kind(policy) -> int | None:
 def compilable(system) -> bool:
     """True when `CompiledManager` runs `system` (its policy, scheduler and forecast horizon qualify)."""
     kind = _policy_kind(system.policy)
-    if kind is None:
+    if kind is None or system.miss != "copy" or system.host_only:  # miss paths: the reference manager only
         return False
     pre, pred = system.prefetcher, system.predictor
     if pre is None:  # a predictor only observes: no forecast reaches the policy

@@ -1,0 +1,87 @@
+"""Three ways to serve a miss, and the bound on time that holds whichever a system takes.
+
+A miss (an expert neither resident nor on its way) is served by
+- `copy`: a demand copy into a slot (evicting a victim), as the protocol always did;
+- `in-place`: the layer reads the host row over the link: the same bytes, no slot, no eviction;
+- `cpu`: the host CPU computes the expert from its host copy; only activations cross the link.
+`auto` picks per miss: the path that finishes first (the link behind its queued demands, or the
+CPU behind the experts it already has), and on the link a copy only when the expert is worth its
+slot (its keep value above the victim's, for policies that value experts), else an in-place read.
+
+The bound (DESIGN.md: "its argument is written down next to the code"). Resources: C slots, one
+link (c seconds per expert moved, a copy or an in-place read alike), one host CPU (h seconds per
+expert), the device (e seconds per expert activation, F_0 of everything else). A activations;
+N_opt = Belady's misses at C slots from the common start. A system serves m_i activations by
+in-place reads and m_c on the CPU (m = m_i + m_c), the rest from slots.
+1. Removing one access from a sequence lowers Belady's miss count by at most 2: put it back into
+   an optimal schedule of the shorter sequence by loading it over some y; the states then differ
+   in one element, which costs at most one more miss (when y is needed before the schedule drops
+   it). So the copies into slots number at least max(0, N_opt - 2 m).
+2. The link moves every copy and every in-place read: link time >= c (max(0, N_opt - 2 m) + m_i).
+3. The CPU computes m_c experts one after another: CPU time >= h m_c.
+4. The device computes the rest: device time >= F_0 + e (A - m_c).
+5. The three overlap at best, so time >= their maximum, and no system beats the best split:
+       bound = min over m_i, m_c >= 0 of max(F_0 + e (A - m_c), c (max(0, N_opt - 2 m) + m_i), h m_c).
+   For a given m_c the link term is least at m_i = floor(R / 2), R = max(0, N_opt - 2 m_c): it is
+   c ceil(R / 2). A scan over m_c = 0 .. A finds the minimum.
+Without a CPU (h = inf) the bound is max(F_0 + e A, c ceil(N_opt / 2)): looser than the copy-only
+bound max(F_0 + e A, c N_opt), which holds only for systems that serve every miss by a copy. Both
+are reported for every run (`summarize`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqmoe.errors import UserError
+
+MISS_PATHS = ("copy", "in-place", "cpu", "auto")
+"""How misses are served: always copied, always read in place, always on the host CPU, or chosen per miss."""
+
+
+def check_miss(miss: str) -> str:
+    """`miss` when it names a miss path; UserError listing them otherwise."""
+    if miss not in MISS_PATHS:
+        raise UserError(f"unknown miss path {miss!r}; choose one of: {', '.join(MISS_PATHS)}")
+    return miss
+
+
+def paths_bound_time_s(*, full_load_time_s: float, activations: int, per_expert_s: float, copy_time_s: float,
+                       host_expert_s: float | None, belady_misses: int) -> float:
+    """The lower bound on time of the module docstring, for slots, link and (when given) host CPU."""
+    A, N = activations, belady_misses
+    if host_expert_s is None:
+        return max(full_load_time_s, copy_time_s * -(-N // 2))
+    m_c = np.arange(A + 1, dtype=np.float64)
+    rest = np.maximum(0.0, N - 2 * m_c)
+    terms = np.maximum(np.maximum(full_load_time_s - per_expert_s * m_c, copy_time_s * np.ceil(rest / 2)),
+                       host_expert_s * m_c)
+    return float(terms.min())
+
+
+def auto_path(m, uid: int, now: float) -> tuple[str, int | None]:
+    """How memory manager `m` serves the miss of `uid` at `now` (its `miss` mode; for `auto` the rule
+    of the module docstring), and the victim a copy displaces (None: the policy picks, or no copy).
+    Paths: those of `MISS_PATHS`, and `cpu+copy`: computed on the CPU now while a copy into a slot
+    runs in the background (a prefetch due at the next token), when the expert is worth its slot."""
+    if m.miss != "auto":
+        return m.miss, None
+    link = m.engine.next_demand_end(now)
+    on_cpu = m.lane is not None and m.lane.next_end(now) < link
+    worth, victim = _worth_a_slot(m, uid)
+    if on_cpu:
+        idle = m.engine.backlog_end(now) <= now
+        return ("cpu+copy", victim) if worth and idle else ("cpu", None)
+    return ("copy", victim) if worth else ("in-place", None)
+
+
+def _worth_a_slot(m, uid: int) -> tuple[bool, int | None]:
+    """Whether `uid` is worth a slot (a free one, or the victim's, valued lower by the policy), and the victim."""
+    if m.num_present < m.capacity:
+        return True, None
+    policy = m.system.policy
+    victim = policy.victim(uid, m.pinned)
+    if victim is None:
+        return False, None
+    keep = getattr(policy, "keep_value", None)
+    return (keep is None or keep([uid])[0] > keep([victim])[0]), victim
