@@ -20,6 +20,7 @@ import time
 
 from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM, ROUTINGS
 from seqmoe.errors import UserError
+from seqmoe.manager.paths import MISS_PATHS
 
 
 def add_offload_flags(p: argparse.ArgumentParser) -> None:
@@ -40,6 +41,13 @@ def add_offload_flags(p: argparse.ArgumentParser) -> None:
                    help="where the control plane runs: in the router hooks (inline, synchronises each layer) or on "
                    "its own thread fed by a routing mailbox (default: thread on cuda, inline on cpu)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    add_miss_flag(p)
+
+
+def add_miss_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--miss", choices=MISS_PATHS, default="copy", help="how a missed expert is served: copy (default) "
+                   "into a slot, in-place (read from host memory), cpu (computed on the host CPU; inline control) or "
+                   "auto (chosen per miss from the hardware profile's link and host)")
 
 
 def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -88,6 +96,7 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto", help="weights dtype")
     b.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     b.add_argument("--out", metavar="FILE.jsonl", help="also append the JSON line to this file")
+    add_miss_flag(b)
     b.set_defaults(func=run_bench)
 
 
@@ -125,7 +134,7 @@ def run_generate(args) -> int:
         raise UserError("--graph needs --control thread")
     runtime = offload(model, args.residency, args.system, device=device, train=train, predictor=predictor,
                       bandwidth=args.bandwidth, hardware=args.hardware, control="thread" if args.graph else args.control,
-                      routing=args.routing, max_kl=args.max_kl)
+                      routing=args.routing, max_kl=args.max_kl, miss=args.miss)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
     ids = ids.to(runtime.pool.device)
     t0 = time.perf_counter()
@@ -191,7 +200,8 @@ def run_bench(args) -> int:
     log = lambda line: print(f"seqmoe: {line}", file=sys.stderr)  # noqa: E731
     result = bench_runtime(model, tok, args.prompt or PROMPTS, residencies=residencies, systems=systems,
                            new_tokens=args.new_tokens, repeats=args.repeats, train=train, predictor=args.predictor,
-                           link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log)
+                           link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log,
+                           miss=args.miss)
     result["model"] = str(args.model)
     print(format_table(result))
     line = json.dumps(result)

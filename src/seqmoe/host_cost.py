@@ -43,3 +43,11 @@ def host_expert_time_s(model: ModelProfile, hw: HardwareProfile) -> float | None
     if not has_host_path(hw):
         return None
     return hw.copy_overhead_s + model.expert_bytes / host_expert_bytes_per_s(hw)
+
+
+def host_fields(expert_bytes: int, expert_s: float, overhead_s: float) -> dict:
+    """The host fields of a profile under which `host_expert_time_s` is `expert_s` (a measured host:
+    memory-bound, with cores to spare)."""
+    rate = expert_bytes / max(expert_s - overhead_s, 1e-12)
+    return dict(host_memory_bytes_per_s=rate / (MATMUL_SHARE * SUSTAINED_SHARE),
+                host_cores=int(rate // PER_CORE_BYTES_PER_S) + 1)

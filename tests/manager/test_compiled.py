@@ -125,17 +125,21 @@ def test_build_manager_compiles_what_it_can():
     C = capacity_for(0.5, train.num_layers, train.num_experts, train.top_k)
     inputs = SystemInputs(train=train, test=train, capacity=C, start=tuple(start_placement(train, C)))
     kinds = {}
+    hw = dataclasses.replace(tiny_hardware(), host_memory_bytes_per_s=1e11, host_cores=8)
     for name, spec in SYSTEMS.items():
         if spec.needs_predictor or spec.needs_pregate:
             continue
         system = build_system(name, inputs)
-        m = build_manager(system, model=tiny_model(train), hardware=tiny_hardware(), capacity=C, start=inputs.start)
+        m = build_manager(system, model=tiny_model(train), hardware=hw, capacity=C, start=inputs.start)
         kinds[name] = type(m).__name__
-        ref = build_manager(system, model=tiny_model(train), hardware=tiny_hardware(), capacity=C, start=inputs.start,
+        ref = build_manager(system, model=tiny_model(train), hardware=hw, capacity=C, start=inputs.start,
                             compiled=False)
         assert isinstance(ref, MemoryManager)
     assert kinds["on-demand-lru"] == kinds["seqmoe-markov-forecast"] == "CompiledManager"
     assert kinds["belady"] == kinds["moe-infinity-style"] == kinds["seqmoe-oracle-forecast"] == "MemoryManager"
+    assert kinds["cpu-all"] == kinds["static-split-style"] == "MemoryManager"  # miss paths: the reference manager
+    auto = build_system("on-demand-lru", inputs, "auto")
+    assert type(build_manager(auto, model=tiny_model(train), hardware=hw, capacity=C, start=inputs.start)) is MemoryManager
 
 
 def test_the_kernel_cache_is_keyed_by_every_kernel_module():

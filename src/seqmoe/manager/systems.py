@@ -120,8 +120,10 @@ def oracles() -> list[str]:
 
 
 def baselines(with_pregate: bool = False) -> list[str]:
-    """The systems that need no trained forecaster (and no pre-gate scores unless `with_pregate`)."""
-    return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor and (with_pregate or not spec.needs_pregate)]
+    """The systems that need no trained forecaster, serve misses as the run says (the host references
+    are left out) and need no pre-gate scores unless `with_pregate`."""
+    return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor and spec.role != "host"
+            and (with_pregate or not spec.needs_pregate)]
 
 
 def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[str]:

@@ -32,6 +32,7 @@ import torch
 from seqmoe.arch import cache_kwarg
 from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
+from seqmoe.host_cost import host_fields
 from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
 from seqmoe.profiles import HardwareProfile, ModelProfile, full_load_token_s
 from seqmoe.runtime.offload import offload
@@ -110,12 +111,13 @@ def expert_layer_seconds(layers, run) -> float:
 
 
 def measured_hardware(mp: ModelProfile, token_s: float, copy_s: float, overhead_s: float = 0.0,
-                      name: str = "cpu (measured)") -> HardwareProfile:
+                      name: str = "cpu (measured)", host_s: float | None = None) -> HardwareProfile:
     """A cost model of the machine at hand: full-load token time `token_s`, one expert copy `copy_s`
-    of which `overhead_s` is fixed per copy."""
+    of which `overhead_s` is fixed per copy, and (when given) `host_s` per expert on the host CPU."""
+    host = host_fields(mp.expert_bytes, host_s, overhead_s) if host_s is not None else {}
     unit = HardwareProfile(name=name, h2d_bytes_per_s=mp.expert_bytes / (copy_s - overhead_s),
                            copy_overhead_s=overhead_s, hbm_bytes_per_s=1.0, hbm_efficiency=1.0,
-                           device_memory_bytes=1 << 40)
+                           device_memory_bytes=1 << 40, **host)
     rate = full_load_token_s(mp, unit) / token_s  # full_load_token_s is linear in 1 / hbm rate
     return dataclasses.replace(unit, hbm_bytes_per_s=rate, source=f"measured: {1e3 * token_s:.3f} ms/token, "
                                f"{1e6 * copy_s:.1f} us/copy")
@@ -136,7 +138,8 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
 
 def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 0.5, 1.0), systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
-                  link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None) -> dict:
+                  link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None,
+                  miss: str = "copy") -> dict:
     """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
 
     Args:
@@ -151,6 +154,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
             default: one trained for `predictor_minutes` on `train`.
         link_ratio: one expert copy takes this many times one layer's measured expert compute.
         log: called with progress lines.
+        miss: how the systems serve misses (`seqmoe.manager.paths`); the host CPU's time per expert
+            is the measured expert compute (this CPU is the host), emulated in the host executor.
 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
@@ -181,7 +186,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     probe = offload(model, 1.0, DEFAULT_SYSTEM)  # the measured model profile (bytes), then undo
     mp = probe.model_profile
     probe.restore()
-    hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s)
+    hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s, host_s=expert_s / mp.top_k)
     if any(ALL[s].needs_predictor for s in systems):
         predictor = _forecaster(train, predictor, predictor_minutes, log)
     runs = []
@@ -189,7 +194,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
         for r in residencies:
             pred = copy.deepcopy(predictor) if ALL[system].needs_predictor else None
             near = _timed_passes(model, ids, new_tokens, repeats)  # the full model again, right before: load drifts
-            rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=True)
+            rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=True, miss=miss)
             try:
                 greedy_decode(model, ids[0], min(new_tokens, 4), rt)  # warm-up (counted in the stats)
                 res = _timed_passes(model, ids, new_tokens, repeats, rt)
@@ -197,14 +202,15 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
                 s = rt.stats()
             finally:
                 rt.restore()
-            run = {"system": system, "residency": r, "capacity": s["capacity"],
+            run = {"system": system, "residency": r, "capacity": s["capacity"], "miss": rt.controller.system.miss,
                    "tokens_per_s": res["tokens_per_s"], "full_tokens_per_s": near["tokens_per_s"],
                    "vs_full": res["tokens_per_s"] / near["tokens_per_s"],
                    "exact": res["tokens"] == full["tokens"],
                    "host_us_per_token": 1e6 * res["host_s"] / res["decode_tokens"],
                    "gather_us_per_token": 1e6 * res["gather_s"] / res["decode_tokens"],
                    **{k: s[k] for k in ("hit_rate", "ready_rate", "late_rate", "miss_rate", "prefetches",
-                                        "wasted_copies", "copies", "skipped_copies", "decision_us_per_token")}}
+                                        "wasted_copies", "copies", "skipped_copies", "decision_us_per_token",
+                                        "misses_in_place", "misses_cpu")}}
             runs.append(run)
             log(f"{system} r={r}: {run['tokens_per_s']:.1f} tokens/s, hit rate {run['hit_rate']:.3f}")
     return {

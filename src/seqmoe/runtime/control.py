@@ -110,6 +110,7 @@ class Controller:
         self._open: _Open | None = None
         self._mid_token = False  # the driver got a token_start and not yet its last layer_end
         self.abandoned = 0  # tokens the state machine saw in part (a forward cut short)
+        self._on_host: set[int] = set()  # uids the manager sent to the host CPU at the current reveal
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = manager, pool, worker
@@ -131,6 +132,18 @@ class Controller:
 
     def on_evict(self, uid: int) -> None:
         self.pool.release(uid)
+
+    def on_off_pool(self, uid: int, on_host: bool) -> None:
+        if on_host:  # an in-place read needs nothing here: a row without a slot is read from its host block
+            self._on_host.add(uid)
+
+    def host_experts(self, layer: int) -> frozenset[int]:
+        """The expert ids of `layer` that the manager sent to the host CPU for the decode position
+        being computed inline (empty otherwise: a prompt forward computes every expert where it is)."""
+        if not self._on_host or self._forward is None or len(self._forward[2]) != 1:
+            return frozenset()
+        base = layer * self.E
+        return frozenset(u - base for u in self._on_host if base <= u < base + self.E)
 
     # -- routing events (model hooks) ------------------------------------------------------------------
     def begin_forward(self, tokens: list[int | None], new_request: bool) -> None:
@@ -154,6 +167,7 @@ class Controller:
         with critical():
             buf_ids[:, layer], buf_w[:, layer] = ids, weights
             self._next_layer = layer + 1
+            self._on_host.clear()
             if self._shape[0] == 1:
                 if layer == 0:
                     self._token_start(tokens[0])

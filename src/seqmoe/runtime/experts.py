@@ -83,7 +83,7 @@ class OffloadedExperts(torch.nn.Module):
     in `done`); `gather_s` the seconds of the gathers (data plane: copies of the routed rows).
     """
 
-    def __init__(self, original: torch.nn.Module, layer: int, layout: ExpertLayout, pool, control) -> None:
+    def __init__(self, original: torch.nn.Module, layer: int, layout: ExpertLayout, pool, control, host=None) -> None:
         super().__init__()
         check_experts(original)
         object.__setattr__(self, "original", original)  # not a submodule: its state is the runtime's
@@ -92,6 +92,7 @@ class OffloadedExperts(torch.nn.Module):
         self.layout = layout
         self.num_experts = int(original.num_experts)
         self._control = control
+        self._host = host  # the `HostExecutor` when misses may be computed on the host CPU
         self._done: Callable[[int], None] = control.experts_done
         self._posted_index: dict[tuple, torch.Tensor] = {}
         self._sig = inspect.signature(original.forward)
@@ -181,6 +182,38 @@ class OffloadedExperts(torch.nn.Module):
         self._c.posted_calls += 1
         return self.layout.views(rows), k, new_index
 
+    def _split(self, hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor,
+               on_host: frozenset[int]) -> torch.Tensor:
+        """One position whose routed experts `on_host` the host executor computes (`host_exec`) while
+        the others run here, gathered from slots or host rows; the two partial sums added."""
+        flat = index.view(-1).tolist()
+        host_ids = sorted({e for e in flat if e in on_host})
+        here = sorted({e for e in flat if e not in on_host})
+        future = self._host.submit(self.original, self.layout, self.pool.hosts[self.layer], host_ids,
+                                   hidden_states, index, weights)
+        out = None
+        if here:
+            tg = time.perf_counter()
+            rows = self.pool.rows(self.layer, here)
+            self._c.gather_s += time.perf_counter() - tg
+            pos = {e: i for i, e in enumerate(here)}  # the host's experts: expert 0 here, at weight 0 (see host_exec)
+            new_index = torch.tensor([pos.get(e, 0) for e in flat], dtype=index.dtype, device=index.device).view_as(index)
+            keep = torch.tensor([e in pos for e in flat], device=weights.device).view(weights.shape[0], -1)
+            weights = torch.where(keep, weights, 0)
+            orig = self.original
+            state, params = orig.__dict__, self.layout.views(rows)
+            try:
+                state.update(params)
+                state["num_experts"] = len(here)
+                out = type(orig).forward(orig, hidden_states, new_index, weights)
+            finally:
+                for name in params:
+                    state.pop(name, None)
+                state["num_experts"] = self.num_experts
+            self._c.gather_calls += 1
+        host_out = future.result().to(hidden_states.device)
+        return host_out if out is None else out + host_out
+
     def _count_slot_call(self, index: torch.Tensor) -> None:
         """One call served in place: its distinct experts count as pool reads."""
         self.pool.pool_reads += index.shape[-1] if index.shape[0] == 1 else len(set(index.view(-1).tolist()))
@@ -197,6 +230,13 @@ class OffloadedExperts(torch.nn.Module):
             bound = self._sig.bind(hidden_states, *args, **kwargs)
             index = bound.arguments[self._index_name]
         params = None
+        if self._host is not None and bound is None and index.shape[0] == 1:
+            on_host = self._control.host_experts(self.layer)
+            if on_host:
+                out = self._split(hidden_states, index, args[1], on_host)
+                self._done(self.layer)
+                self._c.host_s += time.perf_counter() - t0
+                return out
         posted = self._control.posting and self.slot_ok and index.shape[0] == 1
         if posted:
             params, n, new_index = self._posted(index)

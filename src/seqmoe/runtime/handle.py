@@ -23,18 +23,21 @@ from seqmoe.runtime.experts import OffloadedExperts
 from seqmoe.runtime.signals import deferred_interrupts, shield_off
 from seqmoe.trace.schema import RoutingTrace
 
-def _shutdown(thread, worker) -> None:
+def _shutdown(thread, worker, host) -> None:
     """Stop the runtime's threads (finalizer: the runtime and its model are gone, or the process exits)."""
     if thread is not None:
         thread.close()
     worker.close()
+    if host is not None:
+        host.close()
 
 
 class OffloadRuntime:
     """Handle of one offloaded model: stats, the routing trace, restore. Built by `offload`."""
 
     def __init__(self, model, layers, originals, layouts, kept, pool, worker, controller, hooks, *, system: str,
-                 residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile) -> None:
+                 residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile,
+                 host=None) -> None:
         self.model, self._layers, self._originals, self._layouts = model, layers, originals, layouts
         self._kept = kept  # per layer, the stripped Parameter objects `restore` refills
         self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
@@ -42,7 +45,8 @@ class OffloadRuntime:
         self.capacity = pool.capacity
         self.model_profile, self.hardware = model_profile, hardware
         self.closed = self._restored = False
-        self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker)
+        self.host = host  # the `HostExecutor`, when misses may be computed on the host CPU
+        self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker, host)
         model._seqmoe_runtime = self  # the model keeps its runtime alive while it is offloaded
 
     @property

@@ -30,10 +30,12 @@ from seqmoe.cache import LRUPolicy
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
+from seqmoe.manager.paths import check_miss
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime.build import Undo, allocate_slots, check_device_memory, move_model, resolve_device
 from seqmoe.runtime.cache_routing import CacheAwareRouting, check_routing
+from seqmoe.runtime.host_exec import HostExecutor
 from seqmoe.runtime.control import Controller
 from seqmoe.runtime.control_thread import ControlThread
 from seqmoe.runtime.copier import CopyWorker
@@ -110,7 +112,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             bandwidth: float | None = None, train: RoutingTrace | None = None,
             hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
             control: str | None = None, replay: RoutingTrace | None = None, routing: str = "exact",
-            max_kl: float | None = None) -> OffloadRuntime:
+            max_kl: float | None = None, miss: str = "copy") -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
@@ -137,10 +139,19 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         routing: "exact" (default) or "cache-aware": a missing routed expert may be swapped for a
             resident one the router scored close to it, each token spending at most `max_kl`
             nats of KL divergence from the router's distribution (`cache_routing`; inline only).
+        miss: how a miss is served (`seqmoe.manager.paths`): "copy" (default) into a slot,
+            "in-place" (read from its host row, no slot), "cpu" (computed on the host CPU by
+            `host_exec.HostExecutor` while the device computes the rest; inline only) or "auto"
+            (chosen per miss from the cost model: the hardware profile's link and host). Systems
+            that fix their own path (`cpu-all`, `static-split-style`) ignore it.
     """
     check_routing(routing, max_kl)
+    check_miss(miss)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
-                 hardware=hardware, control=control, replay=replay)
+                 hardware=hardware, control=control, replay=replay, miss=miss)
+    if plan.system.miss in ("cpu", "auto") and plan.control != "inline":
+        raise UserError(f"miss={plan.system.miss!r} runs with control='inline' (the captured decode step does not yet "
+                        "hand experts to the host CPU); use control='inline', or miss='copy' / 'in-place'")
     if routing != "exact" and plan.control != "inline":
         raise UserError("cache-aware routing runs with control='inline' (the posted decode step does not yet "
                         "substitute on the device)")
@@ -165,7 +176,8 @@ class _Plan:
     residency: float
 
 
-def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control, replay) -> _Plan:
+def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control, replay,
+          miss="copy") -> _Plan:
     """Check every argument and the device's free memory; UserError before anything changes."""
     if isinstance(residency, bool) or not isinstance(residency, numbers.Real):
         raise UserError(f"residency must be a number in (0, 1], got {residency!r} ({type(residency).__name__})")
@@ -198,7 +210,7 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     sys_obj = build_system(system, SystemInputs(train=train or dims, test=replay or dims, capacity=C, start=tuple(start),
-                                                predictor=predictor))
+                                                predictor=predictor), miss)
     if len(start) == L * E:
         # Every expert is resident for good: no prefetch, load or eviction can happen, so the counts
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
@@ -227,6 +239,10 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
             pool.load_now(uid)
         controller = Controller(plan.system, L, E, K, plan.meta)
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
+        host = None
+        if manager.lane is not None and (plan.system.miss in ("cpu", "auto") or plan.system.host_only):
+            host = HostExecutor(manager.host_expert_s if emulate_link else 0.0)
+            undo.push(host.close)
         worker = CopyWorker(pool)
         undo.push(worker.close)
         controller.attach(manager, pool, worker)
@@ -238,7 +254,7 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
             controller.thread = ControlThread(controller, controller.mailbox, controller.lock)
             undo.push(controller.thread.close)
         for l, (m, orig) in enumerate(zip(layers, originals)):
-            setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller))
+            setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller, host))
             undo.push(lambda m=m, orig=orig: setattr(m.block, m.experts_attr, orig))
         hooks = install_hooks(controller, model, [m.router for m in layers])
         undo.push(lambda: [h.remove() for h in hooks])
@@ -246,7 +262,7 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
         undo.push(shield_off)
         return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
                               system=plan.system_name, residency=plan.residency, start=plan.start, model_profile=mp,
-                              hardware=hw)
+                              hardware=hw, host=host)
 
 
 def _experts_modules(layers) -> list[torch.nn.Module]:

@@ -42,7 +42,7 @@ def load_engine(model: str, *, residency: float = DEFAULT_RUNTIME_RESIDENCY, sys
                 train: str | None = None, predictor: str | None = None, device: str | None = None,
                 dtype: str = "auto", control: str | None = None, graph: bool = False, threads: int | None = None,
                 queue_limit: int = 32, context_length: int | None = None, chat_template: str | None = None,
-                name: str | None = None, progress: bool = False) -> Served:
+                name: str | None = None, progress: bool = False, miss: str = "copy") -> Served:
     """Load `model` (a folder or seqmoe-tiny), offload it, start its engine.
 
     Args mirror `seqmoe serve`'s flags; `chat_template` is a file with a Jinja template;
@@ -80,7 +80,7 @@ def load_engine(model: str, *, residency: float = DEFAULT_RUNTIME_RESIDENCY, sys
     bar.set_postfix_str("offload")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     runtime = offload(net, residency, system, device=device, train=train_trace, predictor=predictor,
-                      control="thread" if graph else control)
+                      control="thread" if graph else control, miss=miss)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 0) or None
     if context_length is not None:
         limit = min(limit, context_length) if limit else context_length

@@ -1,0 +1,61 @@
+"""Misses computed on the host CPU (`miss="cpu"`, `"auto"`): the offloaded model still computes what
+the full model computes, for every architecture (greedy tokens equal, each decode step's logits
+within 1e-5 in fp32; only the order of one sum differs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import pytest
+import torch
+
+from seqmoe.errors import UserError
+from seqmoe.runtime import offload
+from tests.collect.tiny_models import ARCHS
+from tests.runtime.conftest import PROMPT, TEST_HW, fresh, reference
+
+# The host computes an expert in about half a copy's time: auto sends some misses each way.
+HOST_HW = dataclasses.replace(TEST_HW, name="test-hw-host", host_memory_bytes_per_s=3.25e9, host_cores=64)
+RUNS = [("on-demand-lru", "cpu"), ("on-demand-lru", "auto"), ("seqmoe-prior-eviction", "auto"),
+        ("static-split-style", "copy"), ("cpu-all", "copy")]
+
+
+def _decode(model, new_tokens: int = 8):
+    with torch.no_grad():
+        out = model.generate(torch.tensor([PROMPT]), max_new_tokens=new_tokens, do_sample=False, num_beams=1,
+                             pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+    return out.sequences, torch.stack(out.logits)
+
+
+@functools.lru_cache(maxsize=None)
+def _full(arch: str):
+    return _decode(reference(arch).model)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_host_computed_misses_are_exact(arch):
+    tokens, step_logits = _full(arch)
+    for system, miss in RUNS:
+        model = fresh(arch)
+        rt = offload(model, 0.3, system, train=reference(arch).train, hardware=HOST_HW, miss=miss)
+        try:
+            got, got_logits = _decode(model)
+            s = rt.stats()
+        finally:
+            rt.restore()
+        assert torch.equal(got, tokens), f"{arch} {system} {miss}"
+        diff = (got_logits - step_logits).abs().max().item()
+        assert diff <= 1e-5, f"{arch} {system} {miss}: logits differ by {diff}"
+        assert s["misses_cpu"] > 0 and rt.host.experts > 0, f"{arch} {system} {miss}: no expert ran on the host"
+        if system == "cpu-all":
+            assert s["misses_cpu"] == s["activations"] and s["sim_copies"] == 0
+
+
+def test_host_path_needs_a_host_and_inline_control():
+    with pytest.raises(UserError, match="describes no host"):
+        offload(fresh("mixtral"), 0.3, "on-demand-lru", hardware=TEST_HW, miss="cpu")
+    with pytest.raises(UserError, match="control='inline'"):
+        offload(fresh("mixtral"), 0.3, "on-demand-lru", hardware=HOST_HW, miss="auto", control="thread")
+    with pytest.raises(UserError, match="unknown miss path"):
+        offload(fresh("mixtral"), 0.3, "on-demand-lru", miss="gpu")
