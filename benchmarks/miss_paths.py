@@ -40,9 +40,10 @@ def label(row: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shared", default=os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared")),
-                   help="the shared folder holding data/traces (default: ../shared)")
-    p.add_argument("--predictor", default=None, help="trained forecaster folder (`seqmoe train`); default: train once, cached")
+    shared = os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared"))
+    p.add_argument("--shared", default=shared, help="the shared folder holding data/traces (default: ../shared)")
+    p.add_argument("--predictor", default=None,
+                   help="trained forecaster folder (`seqmoe train`); default: train once, cached")
     p.add_argument("--max-tokens", type=int, default=1000, help="replay the first N test tokens (0: all 18,623)")
     p.add_argument("--hardware", default="rtx4090-pcie4,h100-pcie5", help="comma-separated hardware profiles")
     p.add_argument("--residencies", default="0.1,0.25,0.45,0.65", help="comma-separated residencies")
@@ -69,7 +70,8 @@ def main() -> int:
         write_jsonl(rows, out / f"{hw}.jsonl")
         files.append(str(out / f"{hw}.jsonl"))
         c, h = copy_time_s(w.model, w.hardware), host_expert_time_s(w.model, w.hardware)
-        print(f"\n### {hw}: copy {1e6 * c:.0f} us, host CPU {1e6 * h:.0f} us per expert ({rows[0]['num_tokens']} tokens)\n")
+        print(f"\n### {hw}: copy {1e6 * c:.0f} us, host CPU {1e6 * h:.0f} us per expert "
+              f"({rows[0]['num_tokens']} tokens)\n")
         print(_table(rows, residencies))
     print(json.dumps({"results": files, "max_tokens": args.max_tokens}))
     return 0

@@ -91,7 +91,8 @@ def cmd_profiles(args) -> int:
     print(f"{'model profile':18} {'L':>3} {'E':>4} {'K':>2} {'MB/expert':>10}  source")
     for m in MODEL_PROFILES.values():
         print(f"{m.name:18} {m.num_layers:>3} {m.num_experts:>4} {m.top_k:>2} {m.expert_bytes / 1e6:>10.2f}  {m.source}")
-    print(f"\n{'hardware profile':18} {'H2D GB/s':>9} {'alpha us':>9} {'HBM GB/s':>9} {'host GB/s':>9} {'cores':>5}  source")
+    print(f"\n{'hardware profile':18} {'H2D GB/s':>9} {'alpha us':>9} {'HBM GB/s':>9} {'host GB/s':>9} "
+          f"{'cores':>5}  source")
     for h in HARDWARE_PROFILES.values():
         host = (f"{h.host_memory_bytes_per_s / 1e9:>9.1f} {h.host_cores:>5}" if h.host_cores else f"{'-':>9} {'-':>5}")
         print(f"{h.name:18} {h.h2d_bytes_per_s / 1e9:>9.1f} {h.copy_overhead_s * 1e6:>9.1f} "

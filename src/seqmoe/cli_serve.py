@@ -90,7 +90,8 @@ def run_serve(args) -> int:
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
     show = not args.no_progress and sys.stderr.isatty()
     served = load_engine(args.model, residency=args.residency, system=args.system, train=args.train,
-                         predictor=args.predictor, device=args.device, dtype=args.dtype, control=args.control, miss=args.miss,
+                         predictor=args.predictor, device=args.device, dtype=args.dtype, control=args.control,
+                         miss=args.miss,
                          graph=args.graph, threads=args.threads, queue_limit=args.queue_limit,
                          context_length=args.context_length, chat_template=args.chat_template,
                          name=args.served_model_name, progress=show)

@@ -57,7 +57,9 @@ class SimConfig:
     predictor: str | None = None
     """Trained forecaster directory (`seqmoe train`) for the seqmoe systems; default: train one on --train (cached)."""
     miss: str = "copy"
-    """How misses are served: copy (into a slot), in-place (read the host row over the link), cpu (compute on the host CPU; needs a hardware profile with a host) or auto (chosen per miss); cpu-all and static-split-style fix their own."""
+    """How misses are served: copy (into a slot), in-place (read the host row over the link), cpu
+    (compute on the host CPU; needs a hardware profile with a host) or auto (chosen per miss);
+    cpu-all and static-split-style fix their own."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 

@@ -139,7 +139,8 @@ def test_build_manager_compiles_what_it_can():
     assert kinds["belady"] == kinds["moe-infinity-style"] == kinds["seqmoe-oracle-forecast"] == "MemoryManager"
     assert kinds["cpu-all"] == kinds["static-split-style"] == "MemoryManager"  # miss paths: the reference manager
     auto = build_system("on-demand-lru", inputs, "auto")
-    assert type(build_manager(auto, model=tiny_model(train), hardware=hw, capacity=C, start=inputs.start)) is MemoryManager
+    m = build_manager(auto, model=tiny_model(train), hardware=hw, capacity=C, start=inputs.start)
+    assert type(m) is MemoryManager
 
 
 def test_the_kernel_cache_is_keyed_by_every_kernel_module():

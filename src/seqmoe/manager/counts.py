@@ -90,7 +90,8 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
     if belady_misses is not None:
         bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
         paths = paths_bound_time_s(full_load_time_s=c.full_load_time_s, activations=n, per_expert_s=c.per_expert_s,
-                                   copy_time_s=c.copy_time_s, host_expert_s=c.host_expert_s, belady_misses=belady_misses)
+                                   copy_time_s=c.copy_time_s, host_expert_s=c.host_expert_s,
+                                   belady_misses=belady_misses)
         row.update(belady_misses=belady_misses, bound_time_s=bound, bound_fraction=bound / c.time_s,
                    paths_bound_time_s=paths, paths_bound_fraction=paths / c.time_s,
                    copies_per_belady=c.copies / belady_misses if belady_misses else None)

@@ -186,7 +186,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     probe = offload(model, 1.0, DEFAULT_SYSTEM)  # the measured model profile (bytes), then undo
     mp = probe.model_profile
     probe.restore()
-    hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s, host_s=expert_s / mp.top_k)
+    hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s,
+                           host_s=expert_s / mp.top_k)
     if any(ALL[s].needs_predictor for s in systems):
         predictor = _forecaster(train, predictor, predictor_minutes, log)
     runs = []

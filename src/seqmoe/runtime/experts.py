@@ -197,7 +197,8 @@ class OffloadedExperts(torch.nn.Module):
             rows = self.pool.rows(self.layer, here)
             self._c.gather_s += time.perf_counter() - tg
             pos = {e: i for i, e in enumerate(here)}  # the host's experts: expert 0 here, at weight 0 (see host_exec)
-            new_index = torch.tensor([pos.get(e, 0) for e in flat], dtype=index.dtype, device=index.device).view_as(index)
+            new_index = torch.tensor([pos.get(e, 0) for e in flat], dtype=index.dtype,
+                                     device=index.device).view_as(index)
             keep = torch.tensor([e in pos for e in flat], device=weights.device).view(weights.shape[0], -1)
             weights = torch.where(keep, weights, 0)
             orig = self.original
