@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from seqmoe.errors import UserError
+from seqmoe.manager.systems import SystemInputs, build_system
 from seqmoe.runtime import offload
+from seqmoe.sim import simulate
 from tests.collect.tiny_models import ARCHS
 from tests.runtime.conftest import PROMPT, TEST_HW, fresh, reference
 
@@ -59,3 +61,23 @@ def test_host_path_needs_a_host_and_inline_control():
         offload(fresh("mixtral"), 0.3, "on-demand-lru", hardware=HOST_HW, miss="auto", control="thread")
     with pytest.raises(UserError, match="unknown miss path"):
         offload(fresh("mixtral"), 0.3, "on-demand-lru", miss="gpu")
+
+
+@pytest.mark.parametrize(("system", "miss"), RUNS)
+def test_host_path_counts_equal_the_simulators(system, miss):
+    """Replaying the runtime's trace with `simulate` (same system, miss path, cost model) gives the same counts."""
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, system, train=ref.train, hardware=HOST_HW, miss=miss)
+    try:
+        _decode(model)
+        s = rt.stats()
+        trace = rt.trace()
+    finally:
+        rt.restore()
+    sysobj = build_system(system, SystemInputs(train=ref.train, test=trace, capacity=rt.capacity,
+                                               start=tuple(rt.start)), miss)
+    c = simulate(trace, sysobj, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
+    assert (s["ready"], s["late"], s["misses"], s["misses_cpu"], s["misses_in_place"], s["sim_copies"]) == (
+        c.ready, c.late, c.misses, c.host, c.in_place, c.copies)
+    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)

@@ -126,11 +126,12 @@ def baselines(with_pregate: bool = False) -> list[str]:
             and (with_pregate or not spec.needs_pregate)]
 
 
-def live_systems(with_train: bool = True, with_predictor: bool = False) -> list[str]:
+def live_systems(with_train: bool = True, with_predictor: bool = False, with_host: bool = False) -> list[str]:
     """Systems that can run live (no oracle): those that need a training trace only if `with_train`,
-    those that need the seq2seq forecaster only if `with_predictor`."""
+    those that need the seq2seq forecaster only if `with_predictor`, the host references (they need a
+    hardware profile with a host and inline control) only if `with_host`."""
     return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
-            and (with_train or not s.learns) and not s.needs_pregate]
+            and (with_train or not s.learns) and not s.needs_pregate and (with_host or s.role != "host")]
 
 
 def build_system(name: str, inputs: SystemInputs, miss: str = "copy") -> System:

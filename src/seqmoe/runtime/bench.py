@@ -163,9 +163,10 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     from seqmoe.arch import moe_layers
     from seqmoe.collect import collect_trace
 
-    unknown = [s for s in systems if s not in live_systems(with_predictor=True)]
+    live = live_systems(with_predictor=True, with_host=True)
+    unknown = [s for s in systems if s not in live]
     if unknown:
-        raise UserError(f"cannot bench {', '.join(unknown)}; choose from: {', '.join(live_systems(with_predictor=True))}")
+        raise UserError(f"cannot bench {', '.join(unknown)}; choose from: {', '.join(live)}")
     if new_tokens < 2 or repeats < 1 or link_ratio <= 0:
         raise UserError(f"need new_tokens >= 2, repeats >= 1 and link_ratio > 0 (got {new_tokens}, {repeats}, {link_ratio})")
     if any(isinstance(p, str) for p in prompts) and tokenizer is None:

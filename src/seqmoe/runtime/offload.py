@@ -52,8 +52,8 @@ __all__ = ["offload", "OffloadRuntime", "measure_profile"]
 
 
 def _check_system(system: str, train: RoutingTrace | None, predictor, replay: RoutingTrace | None) -> None:
-    choices = ", ".join(live_systems(with_predictor=True))
-    spec = system_spec(system, None if replay is not None else live_systems(with_predictor=True))
+    choices = ", ".join(live_systems(with_predictor=True, with_host=True))
+    spec = system_spec(system, None if replay is not None else live_systems(with_predictor=True, with_host=True))
     if spec.reads_future and replay is None:
         raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: {choices}")
     if spec.needs_predictor and predictor is None:
@@ -118,7 +118,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
     Args:
         model: modified in place (its `experts` submodules, hooks); `runtime.restore()` undoes it.
         residency: r in (0, 1]: C = floor(r x L x E) slots; C must hold one layer's top-k experts.
-        system: a live system (`live_systems(with_predictor=True)`): eviction policy + predictor + prefetch scheduler.
+        system: a live system (`live_systems(with_predictor=True, with_host=True)`): eviction policy + predictor + prefetch scheduler.
         device: where the pool and the rest of the model live (default: the model's device).
         predictor: the seq2seq forecaster of the `seqmoe*` systems: a checkpoint folder (`seqmoe train`
             on a trace of this model) or a `SeqPredictor`; ignored by the other systems. It is fed
