@@ -198,3 +198,14 @@ def test_policy_tracks_the_gap_between_the_last_two_uses():
         policy.access(1, step)
     v = policy.keep_value(np.array([0, 1]))
     assert v[0] > v[1]
+
+
+def test_an_off_pool_use_counts_in_the_history_not_in_the_pool():
+    """A miss served on the host CPU or read in place: the prior sees a recent use, no slot is taken."""
+    L, E = 2, 4
+    used, idle = (ForecastPolicy(np.full(L * E, 0.25), num_layers=L, num_experts=E) for _ in range(2))
+    for p in (used, idle):
+        p.reset([0, 1])
+    used.note_use(5, 10)
+    assert not used._resident[5] and used.victim(-1, ()) in (0, 1)
+    assert used._last_use[5] == 10 and idle._last_use[5] == -1

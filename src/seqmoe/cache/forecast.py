@@ -118,6 +118,10 @@ class ForecastPolicy:
         self._classes = None
         self._touch(uid, step)
 
+    note_use = access
+    """A use served off the pool (read in place, computed on the host): the recency and reuse
+    history count it; the resident set does not change."""
+
     def victim(self, incoming: int, pinned: Container[int]) -> int | None:
         v = self.values().copy()
         v[_as_index(pinned, self._resident)] = np.inf

@@ -153,7 +153,6 @@ class HostLane:
     def __init__(self, expert_s: float) -> None:
         self.expert_s = expert_s
         self.free_at = 0.0
-        self.busy_s = 0.0
 
     def next_end(self, now: float) -> float:
         """When an expert handed over now would be done."""
@@ -162,5 +161,4 @@ class HostLane:
     def run(self, now: float) -> float:
         """Hand one expert over at `now`; when its output is back."""
         self.free_at = self.next_end(now)
-        self.busy_s += self.expert_s
         return self.free_at

@@ -6,7 +6,9 @@ A miss (an expert neither resident nor on its way) is served by
 - `cpu`: the host CPU computes the expert from its host copy; only activations cross the link.
 `auto` picks per miss: the path that finishes first (the link behind its queued demands, or the
 CPU behind the experts it already has), and on the link a copy only when the expert is worth its
-slot (its keep value above the victim's, for policies that value experts), else an in-place read.
+slot (its keep value above the victim's, for policies that value experts), else an in-place read;
+an expert served on the CPU while the link is idle and worth its slot is also copied in behind
+(a prefetch due at its layer of the next token).
 
 The bound (DESIGN.md: "its argument is written down next to the code"). Resources: C slots, one
 link (c seconds per expert moved, a copy or an in-place read alike), one host CPU (h seconds per
