@@ -16,18 +16,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
+from puffin_split import add_shared_flag, puffin_split
 from seqmoe.bench.report import write_jsonl
 from seqmoe.config import SimConfig
 from seqmoe.host_cost import host_expert_time_s
 from seqmoe.profiles import copy_time_s
 from seqmoe.sim.run import load_workload, run_sweep
-from seqmoe.trace.io import load_trace
 
 RUNS = (("on-demand-lru", "copy"), ("on-demand-lru", "auto"), ("cpu-all", "cpu"), ("static-split-style", "cpu"),
         ("seqmoe", "copy"), ("seqmoe", "auto"))
@@ -40,8 +37,7 @@ def label(row: dict) -> str:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    shared = os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared"))
-    p.add_argument("--shared", default=shared, help="the shared folder holding data/traces (default: ../shared)")
+    add_shared_flag(p)
     p.add_argument("--predictor", default=None,
                    help="trained forecaster folder (`seqmoe train`); default: train once, cached")
     p.add_argument("--max-tokens", type=int, default=1000, help="replay the first N test tokens (0: all 18,623)")
@@ -49,14 +45,11 @@ def main() -> int:
     p.add_argument("--residencies", default="0.1,0.25,0.45,0.65", help="comma-separated residencies")
     p.add_argument("--out", default="results/bench-miss", help="output folder")
     args = p.parse_args()
-    puffin = Path(args.shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
-    if not puffin.is_dir():
-        print(f"shared traces not found at {puffin}; nothing to measure", file=sys.stderr)
+    split = puffin_split(args.shared)
+    if split is None:
         return 0
+    train, test = split
     residencies = [float(r) for r in args.residencies.split(",")]
-    trace = load_trace(puffin)
-    R = trace.num_requests
-    train, test = trace.select_requests(np.arange(R - 200)), trace.select_requests(np.arange(R - 200, R))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     files = []

@@ -18,13 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
+from puffin_split import add_shared_flag, puffin_split
 from seqmoe.bench.plot import plot_results
 from seqmoe.bench.report import write_jsonl
 from seqmoe.config import SimConfig
@@ -32,7 +30,7 @@ from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCIES
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import check_systems, oracles, systems_with
 from seqmoe.sim.run import load_workload, run_sweep
-from seqmoe.trace.io import load_trace
+
 TABLES = {"hit_rate": "Hit rate (ready + late)", "full_load_fraction": "Full-load fraction (full-load time / time)",
           "bound_fraction": "Bound fraction (bound time / time)",
           "copies_per_belady": "Copies / Belady's copies (lower is better)"}  # fmt: skip
@@ -41,8 +39,7 @@ LOWER_IS_BETTER = {"copies_per_belady"}
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shared", default=os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared")),
-                   help="the shared folder holding data/traces (default: ../shared)")
+    add_shared_flag(p)
     p.add_argument("--predictor", default=None, help="trained forecaster folder (`seqmoe train`); default: train once, cached")
     p.add_argument("--max-tokens", type=int, default=1000, help="replay the first N test tokens (0: all 18,623)")
     p.add_argument("--hardware", default=f"{DEFAULT_HARDWARE},a100-pcie4", help="comma-separated hardware profiles")
@@ -51,19 +48,16 @@ def main() -> int:
                    help="comma-separated systems (default: every registered system)")
     p.add_argument("--out", default="results/bench-seqmoe", help="output folder")
     args = p.parse_args()
-    puffin = Path(args.shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
-    if not puffin.is_dir():
-        print(f"shared traces not found at {puffin}; nothing to measure", file=sys.stderr)
+    split = puffin_split(args.shared)
+    if split is None:
         return 0
+    train, test = split
     systems = args.systems.split(",")
     try:
         check_systems(systems)
     except UserError as e:
         p.error(str(e))
     residencies = [float(r) for r in args.residencies.split(",")]
-    trace = load_trace(puffin)
-    R = trace.num_requests
-    train, test = trace.select_requests(np.arange(R - 200)), trace.select_requests(np.arange(R - 200, R))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tables, files = [], []

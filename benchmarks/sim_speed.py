@@ -26,29 +26,23 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMB
 import argparse  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
-from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 
 from seqmoe.config import SimConfig  # noqa: E402
 from seqmoe.errors import UserError  # noqa: E402
 from seqmoe.manager.systems import SYSTEMS, check_systems  # noqa: E402
 from seqmoe.sim.run import load_workload, run_one  # noqa: E402
-from seqmoe.trace.io import load_trace  # noqa: E402
+from puffin_split import add_shared_flag, puffin_split  # noqa: E402
 
 
 def _workloads(args):
     """(name, SimConfig, train, test) of each workload that can run here."""
-    puffin = Path(args.shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
-    if puffin.is_dir():
-        trace = load_trace(puffin)
-        R = trace.num_requests
-        train, test = trace.select_requests(np.arange(R - 200)), trace.select_requests(np.arange(R - 200, R))
+    split = puffin_split(args.shared)
+    if split is not None:
+        train, test = split
         cfg = SimConfig(trace="puffin[-200:]", train="puffin[:-200]", residency=args.residency,
                         max_tokens=args.tokens, predictor=args.predictor)
         yield "deepseek-v2-lite", cfg, train, test
-    else:
-        print(f"shared traces not found at {puffin}; DeepSeek-V2-Lite dimensions skipped", file=sys.stderr)
     from seqmoe.demo import demo_predictor
     from seqmoe.tiny.traces import load_demo_traces
 
@@ -66,7 +60,7 @@ def main() -> int:
     p.add_argument("--residency", type=float, default=0.45)
     p.add_argument("--repeats", type=int, default=3,
                    help="runs per (workload, system); the median is reported (this VM's speed varies by +-20%%)")
-    p.add_argument("--shared", default=os.environ.get("SEQMOE_SHARED", str(Path(__file__).resolve().parents[2] / "shared")))
+    add_shared_flag(p)
     args = p.parse_args()
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
