@@ -93,6 +93,7 @@ class OffloadedExperts(torch.nn.Module):
         self.num_experts = int(original.num_experts)
         self._control = control
         self._host = host  # the `HostExecutor` when misses may be computed on the host CPU
+        self._twin = host.twin(original) if host is not None else None
         self._done: Callable[[int], None] = control.experts_done
         self._posted_index: dict[tuple, torch.Tensor] = {}
         self._sig = inspect.signature(original.forward)
@@ -189,7 +190,7 @@ class OffloadedExperts(torch.nn.Module):
         flat = index.view(-1).tolist()
         host_ids = sorted({e for e in flat if e in on_host})
         here = sorted({e for e in flat if e not in on_host})
-        future = self._host.submit(self.original, self.layout, self.pool.hosts[self.layer], host_ids,
+        future = self._host.submit(self._twin, self.layout, self.pool.hosts[self.layer], host_ids,
                                    hidden_states, index, weights)
         out = None
         if here:

@@ -35,13 +35,18 @@ class HostExecutor:
         self.emulated_s = emulated_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqmoe-host")
         self.experts = 0  # experts computed here so far
-        self.busy_s = 0.0
 
-    def submit(self, original: torch.nn.Module, layout, host_rows: torch.Tensor, ids: list[int],
+    @staticmethod
+    def twin(original: torch.nn.Module) -> torch.nn.Module:
+        """A shallow copy of an experts module with its own attribute dict, for `submit` (the device
+        part runs `original` meanwhile); one per layer, reused: a layer waits for its host part."""
+        return copy.copy(original)
+
+    def submit(self, twin: torch.nn.Module, layout, host_rows: torch.Tensor, ids: list[int],
                hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> Future:
         """Compute experts `ids` (of `host_rows`, the layer's [E, P] host block) for the routed `index`
-        with `weights`; a future of their summed output (on the host, in `hidden_states`' dtype)."""
-        twin = copy.copy(original)  # its own attribute dict: the device part runs `original` meanwhile
+        with `weights` on `twin` (`HostExecutor.twin`); a future of their summed output (on the host,
+        in `hidden_states`' dtype)."""
         x, idx, w = hidden_states.cpu(), index.cpu(), weights.cpu()
         return self._pool.submit(self._run, twin, layout, host_rows, ids, x, idx, w)
 
@@ -57,7 +62,6 @@ class HostExecutor:
         if self.emulated_s:
             time.sleep(max(0.0, len(ids) * self.emulated_s - (time.perf_counter() - t0)))
         self.experts += len(ids)
-        self.busy_s += time.perf_counter() - t0
         return out
 
     def close(self) -> None:
