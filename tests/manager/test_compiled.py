@@ -30,21 +30,27 @@ CASES = [(seed, r, bw) for seed in (0, 1, 2) for r in (0.2, 0.4, 0.7) for bw in 
 SHAPE = dict(num_layers=4, num_experts=16, top_k=3)
 
 
-def _counts(trace, system_of, capacity, start, bw, compiled):
-    c = simulate(trace, system_of(), model=tiny_model(trace), hardware=tiny_hardware(bw), capacity=capacity,
+def _hardware(bw, host_bw=None):
+    """The tiny profile at link speed `bw`, with a host CPU of memory bandwidth `host_bw` when given."""
+    hw = tiny_hardware(bw)
+    return hw if host_bw is None else dataclasses.replace(hw, host_memory_bytes_per_s=host_bw, host_cores=8)
+
+
+def _counts(trace, system_of, capacity, start, bw, compiled, host_bw=None):
+    c = simulate(trace, system_of(), model=tiny_model(trace), hardware=_hardware(bw, host_bw), capacity=capacity,
                  start=start, compiled=compiled)
     return {k: v for k, v in dataclasses.asdict(c).items() if k != "decision_s"}
 
 
-def _both(name, seed, r, bw, predictor=None, system_of=None):
+def _both(name, seed, r, bw, predictor=None, system_of=None, miss="copy", host_bw=None):
     train = make_trace(num_tokens=300, seed=seed + 50, **SHAPE)
     test = make_trace(num_tokens=160, seed=seed, **SHAPE)
     C = capacity_for(r, test.num_layers, test.num_experts, test.top_k)
     start = start_placement(train, C)
     inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=predictor)
-    system_of = system_of or (lambda: build_system(name, inputs))
+    system_of = system_of or (lambda: build_system(name, inputs, miss))
     assert compilable(system_of())
-    return [_counts(test, system_of, C, start, bw, compiled) for compiled in (False, True)]
+    return [_counts(test, system_of, C, start, bw, compiled, host_bw) for compiled in (False, True)]
 
 
 @pytest.mark.parametrize("name", ["on-demand-lru", "seqmoe-markov-forecast"])
@@ -83,6 +89,42 @@ def test_compiled_equals_reference_with_the_trained_forecaster(name, tiny_foreca
         assert fast == ref
 
 
+# A host CPU faster than either link (1.6e-5 s per expert) and one slower than the fast link (3.3e-4 s).
+@pytest.mark.parametrize("host_bw", [100e9, 5e9])
+@pytest.mark.parametrize("miss", ["in-place", "cpu", "auto"])
+@pytest.mark.parametrize("name", ["on-demand-lru", "seqmoe-markov-forecast", "seqmoe-prior-eviction"])
+@pytest.mark.parametrize("seed,r,bw", CASES[::4])
+def test_compiled_equals_reference_on_every_miss_path(name, miss, host_bw, seed, r, bw):
+    ref, fast = _both(name, seed, r, bw, miss=miss, host_bw=host_bw)
+    assert fast == ref
+    assert ref["in_place"] + ref["host"] == ref["misses"] or miss == "auto"
+
+
+@pytest.mark.parametrize("host_bw", [100e9, 5e9])
+def test_auto_takes_every_path_and_both_managers_agree(host_bw):
+    """Over all cases, `auto` copies, reads in place and computes on the host (the test above is not vacuous)."""
+    seen = {"copies": 0, "in_place": 0, "host": 0, "prefetches": 0}
+    for seed, r, bw in CASES:
+        ref, fast = _both("seqmoe-markov-forecast", seed, r, bw, miss="auto", host_bw=host_bw)
+        assert fast == ref
+        for k in seen:
+            seen[k] += ref[k]
+    assert min(seen.values()) > 0, seen
+
+
+def test_compiled_equals_reference_with_the_trained_forecaster_on_auto(tiny_forecaster):
+    d, train, test = tiny_forecaster
+    pred = load_seq_predictor(d / "pred")
+    for r, bw, host_bw in ((0.3, 3e9, 100e9), (0.25, 1e9, 5e9), (0.6, 3e10, 5e9)):
+        C = capacity_for(r, test.num_layers, test.num_experts, test.top_k)
+        start = start_placement(train, C)
+        inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=pred)
+        ref, fast = (_counts(test, lambda: build_system("seqmoe", inputs, "auto"), C, start, bw, compiled, host_bw)
+                     for compiled in (False, True))
+        assert fast == ref
+        assert ref["host"] + ref["in_place"] > 0
+
+
 def test_at_top_k_slots_a_demand_copy_waits_for_a_running_prefetch():
     ref, fast = _both("seqmoe-markov-forecast", 3, 3 / 64, 1e9)
     assert fast == ref
@@ -101,8 +143,12 @@ class _Recorder:
     def on_evict(self, uid):
         self.calls.append(("evict", uid))
 
+    def on_off_pool(self, uid, on_host):
+        self.calls.append(("off-pool", uid, on_host))
 
-def test_the_observer_hears_the_same_calls_in_the_same_order():
+
+@pytest.mark.parametrize("miss", ["copy", "auto"])
+def test_the_observer_hears_the_same_calls_in_the_same_order(miss):
     train = make_trace(num_tokens=300, seed=7, **SHAPE)
     test = make_trace(num_tokens=120, seed=8, **SHAPE)
     C = capacity_for(0.2, 4, 16, 3)
@@ -112,12 +158,14 @@ def test_the_observer_hears_the_same_calls_in_the_same_order():
         rec = _Recorder()
         policy = ForecastPolicy.from_trace(train)  # plans after each layer too: promotions happen then
         pre = DeadlinePrefetcher(policy, margin=0.5, replan_after_compute=True)  # a fixed price: many prefetches
-        system = System("markov", policy, AffinityPredictor(train), pre)
-        drive(cls(system, model=tiny_model(test), hardware=tiny_hardware(3e8), capacity=C, start=start, observer=rec),
-              test)
+        system = System("markov", policy, AffinityPredictor(train), pre, miss=miss)
+        drive(cls(system, model=tiny_model(test), hardware=_hardware(3e8, 5e8), capacity=C, start=start,
+                  observer=rec), test)
         calls.append(rec.calls)
     assert calls[0] == calls[1] and len(calls[0]) > 100
-    assert {c[0] for c in calls[0]} == {"load", "promote", "evict"}
+    heard = {c[0] for c in calls[0]}
+    assert heard == ({"load", "promote", "evict"} if miss == "copy" else {"load", "evict", "off-pool"} | heard)
+    assert miss == "copy" or {c[2] for c in calls[0] if c[0] == "off-pool"} == {True, False}
 
 
 def test_build_manager_compiles_what_it_can():
@@ -137,10 +185,19 @@ def test_build_manager_compiles_what_it_can():
         assert isinstance(ref, MemoryManager)
     assert kinds["on-demand-lru"] == kinds["seqmoe-markov-forecast"] == "CompiledManager"
     assert kinds["belady"] == kinds["moe-infinity-style"] == kinds["seqmoe-oracle-forecast"] == "MemoryManager"
-    assert kinds["cpu-all"] == kinds["static-split-style"] == "MemoryManager"  # miss paths: the reference manager
+    assert kinds["cpu-all"] == "MemoryManager" and kinds["static-split-style"] == "CompiledManager"
     auto = build_system("on-demand-lru", inputs, "auto")
     m = build_manager(auto, model=tiny_model(train), hardware=hw, capacity=C, start=inputs.start)
-    assert type(m) is MemoryManager
+    assert type(m) is CompiledManager
+
+
+def test_the_compiled_miss_kinds_follow_the_miss_paths():
+    from seqmoe.manager.compiled import layout
+    from seqmoe.manager.paths import MISS_PATHS
+
+    kinds = (layout.MISS_COPY, layout.MISS_IN_PLACE, layout.MISS_CPU, layout.MISS_AUTO)
+    assert [MISS_PATHS[k] for k in kinds] == ["copy", "in-place", "cpu", "auto"]
+    assert layout.PATH_CPU_COPY not in kinds
 
 
 def test_the_kernel_cache_is_keyed_by_every_kernel_module():

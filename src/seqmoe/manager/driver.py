@@ -65,7 +65,7 @@ class Driver:
         if m.host_served:  # the device computes the rest; the layer ends when the host's outputs are back
             end = self.clock + (self.K - m.host_served) * m.per_expert_s
             if m.host_end > end:
-                m.c.stall_s += m.host_end - end
+                m.add_stall(m.host_end - end)
                 end = m.host_end
             self.clock, m.host_served = end, 0
         else:

@@ -103,8 +103,6 @@ class ManagerBase:
             raise UserError(f"system {system.name!r} computes experts on the host CPU, but hardware profile "
                             f"{hardware.name!r} describes no host: give host_cores and host_memory_bytes_per_s")
         self.lane = HostLane(self.host_expert_s) if self.host_expert_s is not None else None
-        self.host_served, self.host_end = 0, 0.0
-        """Experts of the current layer on the host CPU, and when the last of them is back (the driver reads them)."""
         self.channel_use = 0.5
         """Share of time the copy channel is busy: a moving average over tokens, updated at each token start."""
         self._channel_mark = (0.0, 0)  # (time, copies started) at the last token start
@@ -121,14 +119,6 @@ class ManagerBase:
             busy = min(1.0, (started - n) * self.copy_time_s / (now - t))
             self.channel_use += CHANNEL_WEIGHT * (busy - self.channel_use)
         self._channel_mark = (now, started)
-
-    def _on_host(self, uid: int, now: float) -> None:
-        """Serve `uid` on the host CPU from `now`."""
-        self.host_end = self.lane.run(now)
-        self.host_served += 1
-        self.c.host += 1
-        if self.observer is not None:
-            self.observer.on_off_pool(uid, True)
 
     def begin_request(self) -> None:
         """A new request starts: the predictor forgets the request-level history."""
@@ -156,6 +146,20 @@ class MemoryManager(ManagerBase):
         self.c = SimCounts()
         self.step, self.now = -1, 0.0
         self.pace_s = self.layer_s  # measured time per layer (moving average), stalls included
+        self.host_served, self.host_end = 0, 0.0
+        """Experts of the current layer on the host CPU, and when the last of them is back (the driver reads them)."""
+
+    def add_stall(self, seconds: float) -> None:
+        """The driver's share of the stall: the layer waited `seconds` for the host CPU's outputs."""
+        self.c.stall_s += seconds
+
+    def _on_host(self, uid: int, now: float) -> None:
+        """Serve `uid` on the host CPU from `now`."""
+        self.host_end = self.lane.run(now)
+        self.host_served += 1
+        self.c.host += 1
+        if self.observer is not None:
+            self.observer.on_off_pool(uid, True)
 
     @property
     def copies(self) -> int:

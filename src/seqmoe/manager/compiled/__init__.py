@@ -2,8 +2,8 @@
 
 `CompiledManager` runs the same decisions as `seqmoe.manager.state.MemoryManager` for systems made
 of an LRU or forecast (probabilistic Belady) eviction policy, no scheduler or the deadline
-scheduler, and any predictor whose forecasts span at most 2 L positions; `compilable(system)`
-says whether a system qualifies. `seqmoe.manager.build_manager` picks it when it can.
+scheduler, any predictor whose forecasts span at most 2 L positions, and every miss path but
+`cpu-all`'s (`seqmoe.manager.paths`); `compilable(system)` says whether a system qualifies. `seqmoe.manager.build_manager` picks it when it can.
 """
 
 from seqmoe.manager.compiled._cache import kernel_cache

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numba
 
-MODULES = ("layout", "engine", "recency", "prior", "forecast", "policies", "ops", "deadline", "step")
+MODULES = ("layout", "engine", "recency", "prior", "forecast", "policies", "ops", "paths", "deadline", "step")
 """The kernel modules of this package, in import order."""
 CONSTANTS = ("cache/reuse.py",)
 """Modules outside this package whose globals the kernels read (numba freezes them into the code)."""

@@ -4,7 +4,9 @@ Same rules and the same order of copies: a demand copy goes ahead of queued pref
 not interrupt the running copy; prefetches run earliest deadline first (ties by issue order); the
 engine advances lazily. The demand queue and the finished-copies queue are rings, the prefetch
 queue a binary heap on (deadline, sequence) that keeps stale entries (promoted or cancelled) until
-they surface, as the reference does.
+they surface, as the reference does. An in-place read of u (`read`) is a demand under the key
+-1 - u that nobody cancels or promotes: it is always live, counted in READS, not in STARTED; when
+it ends is kept in G[READS_END] (the reads of the layer being served, the only ones not done).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled.layout import (
-    COPY_S, DONE_AT, DQ_HEAD, DQ_LEN, FINISH, FREE_AT, NQUEUED, PH_LEN, QSEQ, RQ_HEAD, RQ_LEN, SEQ, STARTED,
+    COPY_S, DONE_AT, DQ_HEAD, DQ_LEN, FINISH, FREE_AT, NQUEUED, PH_LEN, QSEQ, READS, READS_END, RQ_HEAD, RQ_LEN, SEQ,
+    STARTED,
 )
 
 jit = nb.njit(cache=True)
@@ -103,23 +106,28 @@ def start_next(I, F, S, G, DQ, PH, RQI, RQF, at):
             S[DQ_LEN] -= 1
         else:
             seq, uid = _heap_pop(S, PH)
-        if I[QSEQ, uid] != seq:  # promoted or cancelled entry
+        if uid >= 0 and I[QSEQ, uid] != seq:  # promoted or cancelled entry
             continue
-        I[QSEQ, uid] = -1
         S[NQUEUED] -= 1
         G[FREE_AT] = at + G[COPY_S]
-        F[DONE_AT, uid] = G[FREE_AT]
+        if uid >= 0:
+            I[QSEQ, uid] = -1
+            F[DONE_AT, uid] = G[FREE_AT]
+            S[STARTED] += 1
+        else:
+            G[READS_END] = max(G[READS_END], G[FREE_AT])
+            S[READS] += 1
         r = (S[RQ_HEAD] + S[RQ_LEN]) % RQI.shape[0]
         RQI[r], RQF[r] = uid, G[FREE_AT]
         S[RQ_LEN] += 1
-        S[STARTED] += 1
         return True
     return False
 
 
 @jit
 def advance(I, F, S, G, DQ, PH, RQI, RQF, t, out):
-    """Run the channel up to time t; writes the uids whose copies finished by t to `out`, returns how many."""
+    """Run the channel up to time t; writes the uids whose copies finished by t to `out`, returns how many
+    (in-place reads as -1 - uid)."""
     while G[FREE_AT] < t and S[NQUEUED] > 0 and start_next(I, F, S, G, DQ, PH, RQI, RQF, G[FREE_AT]):
         pass
     n = 0
@@ -127,7 +135,8 @@ def advance(I, F, S, G, DQ, PH, RQI, RQF, t, out):
         uid = RQI[S[RQ_HEAD]]
         S[RQ_HEAD] = (S[RQ_HEAD] + 1) % RQI.shape[0]
         S[RQ_LEN] -= 1
-        F[DONE_AT, uid] = np.nan
+        if uid >= 0:
+            F[DONE_AT, uid] = np.nan
         out[n] = uid
         n += 1
     return n
@@ -149,6 +158,18 @@ def demand(I, F, S, G, DQ, PH, RQI, RQF, uid, now):
     cap = DQ.shape[1]
     r = (S[DQ_HEAD] + S[DQ_LEN]) % cap
     DQ[0, r], DQ[1, r] = S[SEQ], uid
+    S[DQ_LEN] += 1
+    _kick(I, F, S, G, DQ, PH, RQI, RQF, now)
+
+
+@jit
+def read(I, F, S, G, DQ, PH, RQI, RQF, uid, now):
+    """Queue an in-place read of `uid` at `now`, as a demand copy (ahead of prefetches, behind earlier demands)."""
+    S[SEQ] += 1
+    S[NQUEUED] += 1
+    cap = DQ.shape[1]
+    r = (S[DQ_HEAD] + S[DQ_LEN]) % cap
+    DQ[0, r], DQ[1, r] = S[SEQ], -1 - uid
     S[DQ_LEN] += 1
     _kick(I, F, S, G, DQ, PH, RQI, RQF, now)
 
@@ -208,15 +229,31 @@ def running_until(S, RQF):
 
 @jit
 def demand_finish_times(I, F, S, G, DQ):
-    """F[FINISH, uid] = completion time of each live queued demand copy, in queue order behind the running copy."""
+    """F[FINISH, uid] = completion time of each live queued demand copy, in queue order behind the running
+    copy (of the queued in-place reads: the latest into G[READS_END])."""
     t = G[FREE_AT]
     cap = DQ.shape[1]
     for j in range(S[DQ_LEN]):
         r = (S[DQ_HEAD] + j) % cap
         seq, uid = DQ[0, r], DQ[1, r]
-        if I[QSEQ, uid] == seq:
+        if uid < 0:
+            t += G[COPY_S]
+            G[READS_END] = max(G[READS_END], t)
+        elif I[QSEQ, uid] == seq:
             t += G[COPY_S]
             F[FINISH, uid] = t
+
+
+@jit
+def next_demand_end(I, S, G, DQ, now):
+    """When a demand queued now would finish: behind the running copy and the queued demands."""
+    cap, queued = DQ.shape[1], 0
+    for j in range(S[DQ_LEN]):
+        r = (S[DQ_HEAD] + j) % cap
+        uid = DQ[1, r]
+        if uid < 0 or I[QSEQ, uid] == DQ[0, r]:
+            queued += 1
+    return max(G[FREE_AT], now) + (queued + 1) * G[COPY_S]
 
 
 @jit

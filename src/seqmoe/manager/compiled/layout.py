@@ -2,7 +2,8 @@
 
 Numba compiles these names as constants. Per-uid fields are rows of `I` (int64 [NI, L * E]) and
 `F` (float64 [NF, L * E]); scalars live in `S` (int64 [NS]) and `G` (float64 [NG]). The copy
-engine's queues are rings (DQ, RQI / RQF) and a binary heap (PH) over arrays of their own (`engine`). Events for the
+engine's queues are rings (DQ, RQI / RQF) and a binary heap (PH) over arrays of their own (`engine`);
+an in-place read of u sits in them as uid -1 - u. Events for the
 observer (the runtime's data plane) go to `EV` (int64 [cap, 3]: kind, uid, deadline step).
 """
 
@@ -64,7 +65,8 @@ MEMO_STEP, MEMO_VERSION, MEMO_MUT, NMEMO = 48, 49, 50, 51  # deadline scheduler'
 NCANDS, NCOSTS, COSTS_N_ASKED = 52, 53, 54  # COSTS_N_ASKED: how many lowest the COSTS hold at most
 FU_STEP, FU_VERSION = 55, 56  # the (position, forecast) FIRST_USE holds for
 NUM_COUNT_CLASSES = 57  # the reuse table's recent-count classes
-NS = 58
+MISS, READS, IN_PLACE, HOST, HOST_SERVED = 58, 59, 60, 61, 62  # miss path (kinds below); counts; this layer's on the host
+NS = 63
 
 COSTS_N = 64
 """Lowest resident keep values kept for the scheduler (it pairs at most max_jobs candidates with them)."""
@@ -76,12 +78,16 @@ NOW, FREE_AT, PACE, STALL = 0, 1, 2, 3
 COPY_S, LAYER_S, TOKEN_S, PACE_WEIGHT = 4, 5, 6, 7
 FLOOR, MIN_PROB, MARGIN, MAX_HARM, LEAD = 8, 9, 10, 11, 12
 CANDS_USE = 13  # forecast policy: the highest P(use within the forecast) among CANDS
-NG = 14
+HOST_S, LANE_FREE, HOST_END = 14, 15, 16  # host CPU: seconds per expert (inf: none), when idle, this layer's last output
+READS_END = 17  # when the in-place reads of the layer being served end (-inf: none)
+NG = 18
 
 # -- kinds ------------------------------------------------------------------------------------------
 POLICY_LRU, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS = 0, 1, 2
 PREFETCH_NONE, PREFETCH_DEADLINE = 0, 1
-EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT = 1, 2, 3, 4
+EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT, EV_OFF_POOL = 1, 2, 3, 4, 5  # EV_OFF_POOL: deadline field 1 on host
+MISS_COPY, MISS_IN_PLACE, MISS_CPU, MISS_AUTO = 0, 1, 2, 3  # the order of `seqmoe.manager.paths.MISS_PATHS`
+PATH_CPU_COPY = 4  # on the host now, and copied into a slot behind (`seqmoe.manager.paths.auto_path`)
 
 # -- errors returned by the kernels -----------------------------------------------------------------
 OK, ERR_NO_SLOT = 0, 1

@@ -11,14 +11,16 @@ from seqmoe.cache.lru import LRUPolicy
 from seqmoe.errors import UserError
 from seqmoe.manager.compiled import engine, recency, step
 from seqmoe.manager.compiled.layout import (
-    CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, EV_DEMAND, EV_EVICT, EV_PREFETCH, EV_PROMOTE, E_, FLOOR, F_FIRST, GEOM,
-    JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_, MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB,
-    MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES, NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED,
-    POLICY, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE,
-    PREFETCH_NONE, PRESENT, QSEQ, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
+    CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, EV_DEMAND, EV_EVICT, EV_OFF_POOL, EV_PREFETCH, EV_PROMOTE, E_, FLOOR,
+    F_FIRST, GEOM, HOST, HOST_END, HOST_S, HOST_SERVED, IN_PLACE, JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_,
+    MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB, MISS, MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES,
+    NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY, POLICY_FORECAST,
+    POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE, PREFETCH_NONE, PRESENT, QSEQ,
+    READS, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
 )
 from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
+from seqmoe.manager.paths import MISS_PATHS
 from seqmoe.manager.state import PACE_WEIGHT as PACE_W
 from seqmoe.manager.state import ManagerBase
 from seqmoe.schedule.deadline import DeadlinePrefetcher, price_of_copy
@@ -37,7 +39,7 @@ def _policy_kind(policy) -> int | None:
 def compilable(system) -> bool:
     """True when `CompiledManager` runs `system` (its policy, scheduler and forecast horizon qualify)."""
     kind = _policy_kind(system.policy)
-    if kind is None or system.miss != "copy" or system.host_only:  # miss paths: the reference manager only
+    if kind is None or system.host_only:  # `cpu-all`: nothing to decide, the reference manager runs it
         return False
     pre, pred = system.prefetcher, system.predictor
     if pre is None:  # a predictor only observes: no forecast reaches the policy
@@ -82,6 +84,8 @@ class CompiledManager(ManagerBase):
         F[DONE_AT] = np.nan
         G[COPY_S], G[LAYER_S], G[TOKEN_S], G[PACE], G[PACE_WEIGHT] = (self.copy_time_s, self.layer_s, self.token_s,
                                                                        self.layer_s, PACE_W)
+        S[MISS] = MISS_PATHS.index(self.miss)  # the MISS_* kinds of `layout`
+        G[HOST_S] = np.inf if self.host_expert_s is None else self.host_expert_s
         self.TAB = np.zeros((0, 0), np.float64)
         self.DISC = np.zeros((2, 1), np.float64)
         self._setup_policy(system.policy)
@@ -142,7 +146,7 @@ class CompiledManager(ManagerBase):
     # -- the driver API ---------------------------------------------------------------------------------
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:
         step.move_to(*self._state, step_ - 1, now, self.buf)
-        self._note_channel(now, int(self.S[STARTED]))
+        self._note_channel(now, int(self.S[STARTED] + self.S[READS]))
         price = price_of_copy(self.channel_use) if self._adaptive_margin else self.G[MARGIN]
         if price != self.G[MARGIN]:
             self.G[MARGIN] = price
@@ -223,14 +227,36 @@ class CompiledManager(ManagerBase):
                 obs.on_promote(uid)
             elif kind == EV_EVICT:
                 obs.on_evict(uid)
+            elif kind == EV_OFF_POOL:
+                obs.on_off_pool(uid, bool(deadline))
 
     # -- counts and views -----------------------------------------------------------------------------
     @property
     def c(self) -> SimCounts:
         S = self.S
-        return SimCounts(ready=int(S[READY]), late=int(S[LATE]), misses=int(S[MISSES]), prefetches=int(S[PREFETCHES]),
-                         wasted_copies=int(S[WASTED]), cancelled=int(S[CANCELLED]), stall_s=float(self.G[STALL]),
-                         decision_s=self.decision_s)
+        return SimCounts(ready=int(S[READY]), late=int(S[LATE]), misses=int(S[MISSES]), in_place=int(S[IN_PLACE]),
+                         host=int(S[HOST]), prefetches=int(S[PREFETCHES]), wasted_copies=int(S[WASTED]),
+                         cancelled=int(S[CANCELLED]), stall_s=float(self.G[STALL]), decision_s=self.decision_s)
+
+    # The driver's view of the host CPU's share of the current layer (`ManagerBase`).
+    @property
+    def host_served(self) -> int:
+        return int(self.S[HOST_SERVED])
+
+    @host_served.setter
+    def host_served(self, n: int) -> None:
+        self.S[HOST_SERVED] = n
+
+    @property
+    def host_end(self) -> float:
+        return float(self.G[HOST_END])
+
+    @host_end.setter
+    def host_end(self, t: float) -> None:
+        self.G[HOST_END] = t
+
+    def add_stall(self, seconds: float) -> None:
+        self.G[STALL] += seconds
 
     @property
     def copies(self) -> int:

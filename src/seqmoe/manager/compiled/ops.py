@@ -29,8 +29,9 @@ def finish_copies(I, F, S, G, DQ, PH, RQI, RQF, t, buf):
     """Advance the channel to `t`; finished copies stop being pending and pinned."""
     for i in range(engine.advance(I, F, S, G, DQ, PH, RQI, RQF, t, buf)):
         u = buf[i]
-        I[PENDING, u] = 0
-        I[PINNED, u] = 0
+        if u >= 0:  # not an in-place read
+            I[PENDING, u] = 0
+            I[PINNED, u] = 0
 
 
 @jit

@@ -10,10 +10,11 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from seqmoe.manager.compiled import deadline, engine, forecast, ops
+from seqmoe.manager.compiled import deadline, engine, forecast, ops, paths
 from seqmoe.manager.compiled.layout import (
-    ADDED, CAP, DONE_AT, ERR_NO_SLOT, EV_PROMOTE, FINISH, LATE, LAYER_S, MISSES, NOW, NUM_PRESENT, OK, PACE,
-    PACE_WEIGHT, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READY, STALL, STEP, UNUSED_PF,
+    ADDED, CAP, DONE_AT, ERR_NO_SLOT, EV_PROMOTE, FINISH, LATE, LAYER_S, L_, MISS, MISSES, MISS_COPY, NOW, NUM_PRESENT,
+    OK, PACE, PACE_WEIGHT, PATH_CPU_COPY, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
+    READY, STALL, STEP, UNUSED_PF,
 )
 from seqmoe.manager.compiled.forecast import demand_victims
 from seqmoe.manager.compiled.recency import policy_access
@@ -40,6 +41,8 @@ def _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
         return False
     for i in range(engine.advance(I, F, S, G, DQ, PH, RQI, RQF, t, buf)):
         u = buf[i]
+        if u < 0:  # an in-place read
+            continue
         I[PENDING, u] = 0
         mine = False
         for k in needed:
@@ -59,6 +62,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
     S[STEP] = step
     G[NOW] = reveal
     ops.finish_copies(I, F, S, G, DQ, PH, RQI, RQF, reveal, buf)
+    G[READS_END] = -np.inf
     for u in needed:
         if not I[PINNED, u]:
             I[ADDED, u] = 1
@@ -84,7 +88,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
         I[UNUSED_PF, u] = 0
         policy_access(I, F, S, u, step)
     queue = np.empty(len(needed), dtype=np.int64)  # the forecast policy's demand victims, in order
-    nq, qi, misses = 0, 0, 0
+    nq, qi, misses, reads = 0, 0, 0, 0
     for u in needed:
         misses += not I[PRESENT, u]
     for u in needed:
@@ -92,8 +96,17 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
             continue
         S[MISSES] += 1
         victim = -1
+        if S[MISS] != MISS_COPY:  # the miss paths (`seqmoe.manager.paths`)
+            path, victim = paths.choose(I, F, S, G, DQ, TAB, DISC, u, reveal)
+            if path == PATH_CPU_COPY:  # the policy hears of the use when the copy lands
+                paths.on_host(S, G, EV, u, reveal)
+                ops.prefetch(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, u, step + S[L_], victim)
+                continue
+            if path != MISS_COPY:
+                reads += paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, path, step, reveal)
+                continue
         # The victims can be listed once the policy stands at this position (keep values stay then).
-        if S[NUM_PRESENT] >= S[CAP] and nq >= 0 and S[POL_STEP] == step:
+        elif S[NUM_PRESENT] >= S[CAP] and nq >= 0 and S[POL_STEP] == step:
             if qi == nq:  # list the layer's victims (see `demand_victims`)
                 nq, qi = demand_victims(I, F, S, G, TAB, DISC, misses, queue), 0
             while 0 <= qi < nq and (not I[PRESENT, queue[qi]] or I[PINNED, queue[qi]]):
@@ -110,10 +123,11 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
         policy_access(I, F, S, u, step)
         waiting[nw] = u
         nw += 1
-    if nw:
+    if nw or reads:
         for i in range(nw):
             F[FINISH, waiting[i]] = np.nan
         engine.demand_finish_times(I, F, S, G, DQ)
+        start = max(start, G[READS_END])
         for i in range(nw):
             u = waiting[i]
             t = F[FINISH, u]

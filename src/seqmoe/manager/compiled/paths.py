@@ -1,0 +1,75 @@
+"""The miss paths of `seqmoe.manager.paths`, compiled: which path serves a miss (`auto_path`'s rule,
+decision for decision), the host CPU's lane, and a miss served off the pool."""
+
+from __future__ import annotations
+
+import numba as nb
+
+from seqmoe.manager.compiled import engine, ops
+from seqmoe.manager.compiled.forecast import keep_values
+from seqmoe.manager.compiled.layout import (
+    CAP, EV_OFF_POOL, HOST, HOST_END, HOST_S, HOST_SERVED, IN_PLACE, LANE_FREE, MISS, MISS_AUTO, MISS_COPY, MISS_CPU,
+    MISS_IN_PLACE, NUM_PRESENT, PATH_CPU_COPY, POLICY, POLICY_LRU,
+)
+from seqmoe.manager.compiled.policies import policy_victim
+from seqmoe.manager.compiled.recency import policy_access
+
+jit = nb.njit(cache=True)
+
+
+@jit
+def _worth_a_slot(I, F, S, G, TAB, DISC, u):
+    """(whether u is worth a slot: a free one, or the policy's victim's, valued lower; the victim or -1)."""
+    if S[NUM_PRESENT] < S[CAP]:
+        return True, -1
+    v = policy_victim(I, F, S, G, TAB, DISC)
+    if v < 0:
+        return False, -1
+    if S[POLICY] == POLICY_LRU:  # values no expert: a slot is always worth taking
+        return True, v
+    values = keep_values(I, F, S, G, TAB, DISC)
+    return values[u] > values[v], v
+
+
+@jit
+def choose(I, F, S, G, DQ, TAB, DISC, u, now):
+    """(path, victim) of the miss of `u` at `now`: S[MISS] unless auto, else `auto_path`'s choice
+    (MISS_* or PATH_CPU_COPY; victim -1: the policy picks, or no copy)."""
+    if S[MISS] != MISS_AUTO:
+        return S[MISS], -1
+    link = engine.next_demand_end(I, S, G, DQ, now)
+    on_cpu = max(G[LANE_FREE], now) + G[HOST_S] < link
+    worth, victim = _worth_a_slot(I, F, S, G, TAB, DISC, u)
+    if on_cpu:
+        if worth and engine.backlog_end(S, G, now) <= now:
+            return PATH_CPU_COPY, victim
+        return MISS_CPU, -1
+    if worth:
+        return MISS_COPY, victim
+    return MISS_IN_PLACE, -1
+
+
+@jit
+def on_host(S, G, EV, u, now):
+    """Serve `u` on the host CPU from `now` (`ManagerBase._on_host`)."""
+    G[HOST_END] = max(G[LANE_FREE], now) + G[HOST_S]
+    G[LANE_FREE] = G[HOST_END]
+    S[HOST_SERVED] += 1
+    S[HOST] += 1
+    ops.event(S, EV, EV_OFF_POOL, u, 1)
+
+
+@jit
+def off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, path, step, now):
+    """Serve the miss of `u` on the host CPU or by an in-place read; the policy hears of the use
+    (`note_use`: forecast policies). Returns whether a read was queued."""
+    read = path != MISS_CPU
+    if read:
+        engine.read(I, F, S, G, DQ, PH, RQI, RQF, u, now)
+        S[IN_PLACE] += 1
+        ops.event(S, EV, EV_OFF_POOL, u, 0)
+    else:
+        on_host(S, G, EV, u, now)
+    if S[POLICY] != POLICY_LRU:
+        policy_access(I, F, S, u, step)
+    return read
