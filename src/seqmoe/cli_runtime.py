@@ -47,7 +47,7 @@ def add_offload_flags(p: argparse.ArgumentParser) -> None:
 def add_miss_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miss", choices=MISS_PATHS, default="copy", help="how a missed expert is served: copy (default) "
                    "into a slot, in-place (read from host memory), cpu (computed on the host CPU; inline control) or "
-                   "auto (chosen per miss from the hardware profile's link and host)")
+                   "auto (chosen per miss from the cost model's link and host CPU, measured at start by default)")
 
 
 def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -62,7 +62,9 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
     gen.add_argument("--bandwidth", type=float, default=None, help="host->device bytes/s of the cost model")
-    gen.add_argument("--hardware", default=None, help=f"hardware profile of the cost model (default: {DEFAULT_HARDWARE})")
+    gen.add_argument("--hardware", default=None, help="hardware profile of the cost model (a preset or file), or "
+                     f"measured: {DEFAULT_HARDWARE} with this machine's link and host CPU measured at start (default: "
+                     f"measured with --miss cpu or auto, else {DEFAULT_HARDWARE})")
     gen.add_argument("--graph", action="store_true", help="decode with DecodeGraph: a static cache and, on cuda, the "
                      "decode step captured once as a CUDA graph (implies --control thread)")
     gen.add_argument("--routing", choices=ROUTINGS, default="exact", help="exact (default), or cache-aware: a missing "

@@ -32,9 +32,10 @@ import torch
 from seqmoe.arch import cache_kwarg
 from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
-from seqmoe.host_cost import host_fields
+from seqmoe.host_cost import host_expert_time_s, host_fields
 from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
 from seqmoe.profiles import HardwareProfile, ModelProfile, full_load_token_s
+from seqmoe.runtime.costs import MEASURED
 from seqmoe.runtime.offload import offload
 from seqmoe.trace.schema import RoutingTrace
 
@@ -155,7 +156,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
         link_ratio: one expert copy takes this many times one layer's measured expert compute.
         log: called with progress lines.
         miss: how the systems serve misses (`seqmoe.manager.paths`); the host CPU's time per expert
-            is the measured expert compute (this CPU is the host), emulated in the host executor.
+            is that of this CPU's host path, measured at start (`costs`), held in the host executor.
 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
@@ -184,11 +185,10 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
             raise UserError("without train= the bench collects a trace over text prompts: give a tokenizer")
         log(f"collecting a routing trace over {len(TRAIN_PROMPTS)} training prompts")
         train = collect_trace(model, list(TRAIN_PROMPTS), tokenizer, mode="decode", new_tokens=new_tokens)
-    probe = offload(model, 1.0, DEFAULT_SYSTEM)  # the measured model profile (bytes), then undo
-    mp = probe.model_profile
+    probe = offload(model, 1.0, DEFAULT_SYSTEM, hardware=MEASURED)  # the model's bytes and host path, then undo
+    mp, host_s = probe.model_profile, host_expert_time_s(probe.model_profile, probe.hardware)
     probe.restore()
-    hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s,
-                           host_s=expert_s / mp.top_k)
+    hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s, host_s=host_s)
     if any(ALL[s].needs_predictor for s in systems):
         predictor = _forecaster(train, predictor, predictor_minutes, log)
     runs = []
@@ -220,7 +220,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
         "new_tokens": new_tokens, "prompts": len(ids), "repeats": repeats, "threads": torch.get_num_threads(),
         "train_tokens": train.num_tokens,
         "link": {"ratio": link_ratio, "expert_layer_s": expert_s, "copy_s": link_ratio * expert_s,
-                 "bytes_per_s": hw.h2d_bytes_per_s, "expert_bytes": mp.expert_bytes, "hbm_bytes_per_s": hw.hbm_bytes_per_s},
+                 "bytes_per_s": hw.h2d_bytes_per_s, "expert_bytes": mp.expert_bytes, "hbm_bytes_per_s": hw.hbm_bytes_per_s,
+                 "host_expert_s": host_s},
         "full": {"tokens_per_s": full["tokens_per_s"], "decode_tokens": full["decode_tokens"]},
         "runs": runs,
     }
@@ -241,5 +242,6 @@ def format_table(result: dict) -> str:
                      f"{'yes' if r['exact'] else 'NO':>5}")
     link = result["link"]
     lines.append(f"link: one expert copy = {link['ratio']:g} x one layer's expert compute = "
-                 f"{1e6 * link['copy_s']:.1f} us ({link['bytes_per_s'] / 1e9:.3g} GB/s for {link['expert_bytes']} B experts)")
+                 f"{1e6 * link['copy_s']:.1f} us ({link['bytes_per_s'] / 1e9:.3g} GB/s for {link['expert_bytes']} B experts); "
+                 f"host CPU: {1e6 * link['host_expert_s']:.1f} us per expert (measured)")
     return "\n".join(lines)

@@ -29,6 +29,7 @@ from seqmoe.arch import ExpertLayout, ModelArch, model_arch
 from seqmoe.cache import LRUPolicy
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
+from seqmoe.host_cost import has_host_path, host_expert_time_s
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
 from seqmoe.manager.paths import check_miss
 from seqmoe.manager.systems import live_systems, system_spec
@@ -39,6 +40,7 @@ from seqmoe.runtime.host_exec import HostExecutor
 from seqmoe.runtime.control import Controller
 from seqmoe.runtime.control_thread import ControlThread
 from seqmoe.runtime.copier import CopyWorker
+from seqmoe.runtime.costs import MEASURED, measure_host_expert_s, measure_link, measured_profile
 from seqmoe.runtime.experts import OffloadedExperts
 from seqmoe.runtime.fence import ReadFence
 from seqmoe.runtime.handle import OffloadRuntime
@@ -126,9 +128,14 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         bandwidth: host->device bytes/s of the virtual clock's cost model (default: the hardware's).
         train: routing trace of this model for systems that learn (start placement, statistics);
             without it the pool starts empty.
-        hardware: hardware profile (preset name, file or object) of the cost model (default `DEFAULT_HARDWARE`).
+        hardware: hardware profile (preset name, file or object) of the cost model, or "measured":
+            `DEFAULT_HARDWARE` with its link and host CPU measured on this machine at start
+            (`costs`). Default: "measured" when misses may go to the host CPU (`miss` "cpu" or
+            "auto", `cpu-all`, `static-split-style`: choosing a path needs this machine's costs),
+            else `DEFAULT_HARDWARE`.
         emulate_link: CPU only: every expert row crossing the link costs one copy time of the cost
-            model (copies and in-place reads; a miss waits for its copy), see `pool`.
+            model (copies and in-place reads; a miss waits for its copy), see `pool`; it needs a
+            profile, not "measured".
         control: "thread" (default on CUDA): decode steps post their routing to a mailbox and a
             control thread runs the state machine, so a decode step never synchronises with the host
             and can be captured as a CUDA graph (`DecodeGraph`); "inline" (default on the CPU): the
@@ -142,13 +149,13 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         miss: how a miss is served (`seqmoe.manager.paths`): "copy" (default) into a slot,
             "in-place" (read from its host row, no slot), "cpu" (computed on the host CPU by
             `host_exec.HostExecutor` while the device computes the rest; inline only) or "auto"
-            (chosen per miss from the cost model: the hardware profile's link and host). Systems
+            (chosen per miss from the cost model's link and host, measured by default). Systems
             that fix their own path (`cpu-all`, `static-split-style`) ignore it.
     """
     check_routing(routing, max_kl)
     check_miss(miss)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
-                 hardware=hardware, control=control, replay=replay, miss=miss)
+                 hardware=hardware, control=control, replay=replay, miss=miss, emulate_link=emulate_link)
     if plan.system.miss in ("cpu", "auto") and plan.control != "inline":
         raise UserError(f"miss={plan.system.miss!r} runs with control='inline' (the captured decode step does not yet "
                         "hand experts to the host CPU); use control='inline', or miss='copy' / 'in-place'")
@@ -171,13 +178,15 @@ class _Plan:
     system: object
     start: list
     hardware: HardwareProfile
+    measure: bool
+    """The link and host fields of `hardware` are to be measured at start (`costs`)."""
     meta: TraceMeta
     system_name: str
     residency: float
 
 
 def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control, replay,
-          miss="copy") -> _Plan:
+          miss="copy", emulate_link=False) -> _Plan:
     """Check every argument and the device's free memory; UserError before anything changes."""
     if isinstance(residency, bool) or not isinstance(residency, numbers.Real):
         raise UserError(f"residency must be a number in (0, 1], got {residency!r} ({type(residency).__name__})")
@@ -193,9 +202,6 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
         check_dims("train trace", train, dims, "collect it from this model")
     if replay is not None:
         check_dims("replay trace", replay, dims, "record it from this architecture")
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware_profile(hardware or DEFAULT_HARDWARE)
-    if bandwidth is not None:
-        hw = dataclasses.replace(hw, name=f"{hw.name} at {bandwidth:g} B/s", h2d_bytes_per_s=float(bandwidth))
     start = start_placement(train, C) if train is not None else []
     originals = _experts_modules(layers)
     layouts = [arch.layout(x) for x in originals]
@@ -211,6 +217,14 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     sys_obj = build_system(system, SystemInputs(train=train or dims, test=replay or dims, capacity=C, start=tuple(start),
                                                 predictor=predictor), miss)
+    measure = hardware == MEASURED or (hardware is None and _on_host_cpu(sys_obj))
+    if measure and (bandwidth is not None or emulate_link):
+        raise UserError("a measured cost model takes its link from this machine: give hardware= a profile to use "
+                        "bandwidth= or emulate_link=")
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware_profile(
+        DEFAULT_HARDWARE if measure or hardware is None else hardware)
+    if bandwidth is not None:
+        hw = dataclasses.replace(hw, name=f"{hw.name} at {bandwidth:g} B/s", h2d_bytes_per_s=float(bandwidth))
     if len(start) == L * E:
         # Every expert is resident for good: no prefetch, load or eviction can happen, so the counts
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
@@ -220,7 +234,27 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
                      extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
                             "system": system, "capacity": C})
-    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, meta, system, residency)
+    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, system, residency)
+
+
+def _on_host_cpu(system) -> bool:
+    """`system` may compute experts on the host CPU."""
+    return system.miss in ("cpu", "auto") or system.host_only
+
+
+def _measured(hw: HardwareProfile, model, plan: _Plan, hosts, host: HostExecutor | None) -> HardwareProfile:
+    """`hw` with the link and host CPU of this machine (`costs`), measured with the runtime's own
+    operations (a host executor made for the measurement when the runtime has none)."""
+    layout, own = plan.layouts[0], host
+    host = host or HostExecutor()
+    try:
+        twin = HostExecutor.twin(plan.originals[0])
+        host_s = measure_host_expert_s(host, twin, layout, hosts[0], model.config.hidden_size, plan.arch.top_k,
+                                       plan.device)
+    finally:
+        if own is None:
+            host.close()
+    return measured_profile(hw, layout.expert_bytes, measure_link(hosts[0][0], plan.device), host_s)
 
 
 def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> OffloadRuntime:
@@ -237,12 +271,14 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
                           link_s=copy_time_s(mp, hw) if emulate_link else None)
         for uid in plan.start:
             pool.load_now(uid)
+        host = None
+        if _on_host_cpu(plan.system) and (plan.measure or has_host_path(hw)):
+            host = HostExecutor(host_expert_time_s(mp, hw) if emulate_link else 0.0)
+            undo.push(host.close)
+        if plan.measure:
+            hw = _measured(hw, model, plan, hosts, host)
         controller = Controller(plan.system, L, E, K, plan.meta)
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
-        host = None
-        if manager.lane is not None and (plan.system.miss in ("cpu", "auto") or plan.system.host_only):
-            host = HostExecutor(manager.host_expert_s if emulate_link else 0.0)
-            undo.push(host.close)
         worker = CopyWorker(pool)
         undo.push(worker.close)
         controller.attach(manager, pool, worker)

@@ -1,0 +1,78 @@
+"""The cost table a runtime measures at start (`offload(..., hardware="measured")`): one expert's
+copy over the link, with its fixed part, and one expert computed on the host CPU, round trip
+included. They replace the link and host fields of the hardware profile; its device side (HBM
+rate, memory) stays, so the virtual clock keeps pricing compute as the profile says.
+
+Each figure is the median of a few timed repeats after one untimed call, made with the operations
+the runtime itself runs: the copy worker's `copy_` into device memory (then a synchronisation, as
+`ExpertPool.fill` does), and `HostExecutor.submit` of one routed expert for one token, its output
+moved back to the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+
+import torch
+
+from seqmoe.host_cost import host_fields
+from seqmoe.profiles import HardwareProfile
+
+MEASURED = "measured"
+"""The `hardware=` of `offload` that asks for this measurement."""
+REPEATS = 7
+SMALL_BYTES = 4096
+"""The small copy whose time is taken as the fixed cost of one copy."""
+
+
+def _median_s(fn, sync) -> float:
+    fn()
+    sync()
+    times = []
+    for _ in range(REPEATS):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _sync(device: torch.device):
+    return (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+
+
+def measure_link(row: torch.Tensor, device: torch.device) -> tuple[float, float]:
+    """(bytes per second, fixed seconds per copy) of copying host `row` (one packed expert) into
+    device memory: a full copy and a `SMALL_BYTES` one, a line through the two."""
+    dst = torch.empty_like(row, device=device)
+    small = max(1, SMALL_BYTES // row.element_size())
+    sync = _sync(device)
+    full_s = _median_s(lambda: dst.copy_(row, non_blocking=True), sync)
+    small_s = _median_s(lambda: dst[:small].copy_(row[:small], non_blocking=True), sync)
+    nbytes, sbytes = row.numel() * row.element_size(), small * row.element_size()
+    if full_s <= small_s:  # too fast to tell the two apart: all of it counts as bandwidth
+        return nbytes / max(full_s, 1e-9), 0.0
+    rate = (nbytes - sbytes) / (full_s - small_s)
+    return rate, max(0.0, small_s - sbytes / rate)
+
+
+def measure_host_expert_s(executor, twin, layout, host_rows: torch.Tensor, hidden_size: int, top_k: int,
+                          device: torch.device) -> float:
+    """Seconds for one expert of `host_rows` computed by `executor` for one token whose hidden state
+    is on `device`, from the hand-over to its output back on `device`."""
+    x = torch.zeros(1, hidden_size, dtype=layout.dtype, device=device)
+    index = torch.zeros(1, top_k, dtype=torch.long, device=device)
+    weights = torch.full((1, top_k), 1.0 / top_k, dtype=layout.dtype, device=device)
+    return _median_s(lambda: executor.submit(twin, layout, host_rows, [0], x, index, weights).result().to(device),
+                     _sync(device))
+
+
+def measured_profile(hw: HardwareProfile, expert_bytes: int, link: tuple[float, float], host_s: float) -> HardwareProfile:
+    """`hw` with its link (`measure_link`) and host CPU (`measure_host_expert_s`) replaced by measurements."""
+    rate, overhead = link
+    return dataclasses.replace(hw, name=f"{hw.name}, link and host measured", h2d_bytes_per_s=rate,
+                               copy_overhead_s=overhead, **host_fields(expert_bytes, host_s, overhead),
+                               source=f"{hw.source}; measured at start: {rate / 1e9:.3g} GB/s + {1e6 * overhead:.1f} us "
+                                      f"per copy, {1e6 * host_s:.1f} us per host expert")
