@@ -66,23 +66,26 @@ def main() -> int:
         print(f"\n### {hw}: copy {1e6 * c:.0f} us, host CPU {1e6 * h:.0f} us per expert "
               f"({rows[0]['num_tokens']} tokens)\n")
         print(_table(rows, residencies))
+        print(_table(rows, residencies, "decision_us_per_token", "decisions, us per token"))
     print(json.dumps({"results": files, "max_tokens": args.max_tokens}))
     return 0
 
 
-def _table(rows: list[dict], residencies: list[float]) -> str:
-    """time_s per (system, miss) x residency, the fastest in bold; then the paths bound."""
+def _table(rows: list[dict], residencies: list[float], key: str = "time_s", title: str = "") -> str:
+    """`key` per (system, miss) x residency; for time_s the fastest in bold, then the paths bound."""
     cell = {(label(r), r["residency"]): r for r in rows}
     names = list(dict.fromkeys(label(r) for r in rows))
-    lines = ["| system [miss] | " + " | ".join(f"r={x:g}" for x in residencies) + " |",
-             "|---" * (len(residencies) + 1) + "|"]
-    best = {x: min(cell[n, x]["time_s"] for n in names) for x in residencies}
+    lines = ([f"\n{title}\n"] if title else []) + [
+        "| system [miss] | " + " | ".join(f"r={x:g}" for x in residencies) + " |",
+        "|---" * (len(residencies) + 1) + "|"]
+    best = {x: min(cell[n, x][key] for n in names) if key == "time_s" else None for x in residencies}
     for n in names:
-        vals = [cell[n, x]["time_s"] for x in residencies]
+        vals = [cell[n, x][key] for x in residencies]
         lines.append(f"| `{n}` | " + " | ".join(f"**{v:.2f}**" if v == best[x] else f"{v:.2f}"
                                                  for v, x in zip(vals, residencies)) + " |")
-    lines.append("| bound (three paths) | " + " | ".join(f"{cell[names[0], x]['paths_bound_time_s']:.2f}"
-                                                         for x in residencies) + " |")
+    if key == "time_s":
+        lines.append("| bound (three paths) | " + " | ".join(f"{cell[names[0], x]['paths_bound_time_s']:.2f}"
+                                                             for x in residencies) + " |")
     return "\n".join(lines)
 
 

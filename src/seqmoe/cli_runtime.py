@@ -18,7 +18,9 @@ import json
 import sys
 import time
 
-from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM, ROUTINGS
+from seqmoe.config import (
+    COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_MISS, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM, ROUTINGS,
+)
 from seqmoe.errors import UserError
 from seqmoe.manager.paths import MISS_PATHS
 
@@ -45,9 +47,10 @@ def add_offload_flags(p: argparse.ArgumentParser) -> None:
 
 
 def add_miss_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--miss", choices=MISS_PATHS, default="copy", help="how a missed expert is served: copy (default) "
-                   "into a slot, in-place (read from host memory), cpu (computed on the host CPU; inline control) or "
-                   "auto (chosen per miss from the cost model's link and host CPU, measured at start by default)")
+    p.add_argument("--miss", choices=MISS_PATHS, default=None, help="how a missed expert is served: copy into a "
+                   "slot, in-place (read from host memory), cpu (computed on the host CPU; inline control) or auto "
+                   "(chosen per miss from the cost model's link and host CPU, measured at start by default); default: "
+                   f"{DEFAULT_RUNTIME_MISS} with inline control, copy with --control thread or --graph")
 
 
 def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:

@@ -30,7 +30,7 @@ def _run(arch: str, system: str, residency: float, *, train=True, **kw):
 def _replay(rt, train):
     trace = rt.trace()
     system = build_system(rt.system, SystemInputs(train=train or trace, test=trace, capacity=rt.capacity,
-                                                  start=tuple(rt.start)))
+                                                  start=tuple(rt.start)), rt.miss)
     return trace, simulate(trace, system, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity,
                            start=rt.start)
 

@@ -52,7 +52,8 @@ def test_counts_equal_the_simulators_and_generation_is_exact(system, predictor_d
         assert torch.equal(out, greedy(ref.model, p, 6))
     assert trace.num_requests == 3 and trace.token_ids is not None and trace.vocab is None
     replay = build_system(system, SystemInputs(train=ref.train, test=trace, capacity=rt.capacity,
-                                               start=tuple(rt.start), predictor=load_seq_predictor(predictor_dir)))
+                                               start=tuple(rt.start), predictor=load_seq_predictor(predictor_dir)),
+                          rt.miss)
     c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     got = (s["ready"], s["late"], s["misses"], s["prefetches"], s["wasted_copies"], s["cancelled_prefetches"])
     assert got == (c.ready, c.late, c.misses, c.prefetches, c.wasted_copies, c.cancelled)
@@ -118,7 +119,7 @@ def test_full_residency_skips_planning_with_the_same_counts(system, predictor_di
     rt.restore()
     pred = load_seq_predictor(predictor_dir) if SYSTEMS[system].needs_predictor else None
     replay = build_system(system, SystemInputs(train=ref.train, test=trace, capacity=rt.capacity,
-                                               start=tuple(rt.start), predictor=pred))
+                                               start=tuple(rt.start), predictor=pred), rt.miss)
     assert replay.prefetcher is not None
     c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     assert (s["ready"], s["late"], s["misses"], s["prefetches"]) == (c.ready, c.late, c.misses, c.prefetches) == (

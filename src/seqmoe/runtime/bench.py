@@ -140,7 +140,7 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
 def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 0.5, 1.0), systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
                   link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None,
-                  miss: str = "copy") -> dict:
+                  miss: str | None = None) -> dict:
     """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
 
     Args:
@@ -155,8 +155,9 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
             default: one trained for `predictor_minutes` on `train`.
         link_ratio: one expert copy takes this many times one layer's measured expert compute.
         log: called with progress lines.
-        miss: how the systems serve misses (`seqmoe.manager.paths`); the host CPU's time per expert
-            is that of this CPU's host path, measured at start (`costs`), held in the host executor.
+        miss: how the systems serve misses (`seqmoe.manager.paths`; default: `offload`'s); the host
+            CPU's time per expert is that of this CPU's host path, measured at start (`costs`), held
+            in the host executor.
 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
@@ -204,7 +205,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
                 s = rt.stats()
             finally:
                 rt.restore()
-            run = {"system": system, "residency": r, "capacity": s["capacity"], "miss": rt.controller.system.miss,
+            run = {"system": system, "residency": r, "capacity": s["capacity"], "miss": rt.miss,
                    "tokens_per_s": res["tokens_per_s"], "full_tokens_per_s": near["tokens_per_s"],
                    "vs_full": res["tokens_per_s"] / near["tokens_per_s"],
                    "exact": res["tokens"] == full["tokens"],
@@ -242,6 +243,6 @@ def format_table(result: dict) -> str:
                      f"{'yes' if r['exact'] else 'NO':>5}")
     link = result["link"]
     lines.append(f"link: one expert copy = {link['ratio']:g} x one layer's expert compute = "
-                 f"{1e6 * link['copy_s']:.1f} us ({link['bytes_per_s'] / 1e9:.3g} GB/s for {link['expert_bytes']} B experts); "
-                 f"host CPU: {1e6 * link['host_expert_s']:.1f} us per expert (measured)")
+                 f"{1e6 * link['copy_s']:.1f} us ({link['bytes_per_s'] / 1e9:.3g} GB/s for {link['expert_bytes']} B "
+                 f"experts); host CPU: {1e6 * link['host_expert_s']:.1f} us per expert (measured)")
     return "\n".join(lines)

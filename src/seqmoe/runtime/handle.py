@@ -84,6 +84,11 @@ class OffloadRuntime:
         """Seconds the experts wrappers spent gathering routed rows (slot or host block) into a buffer."""
         return sum(e.gather_s for e in self._wrappers())
 
+    @property
+    def miss(self) -> str:
+        """How this runtime serves misses (`seqmoe.manager.paths`; its system's, or `offload`'s default)."""
+        return self.controller.system.miss
+
     def _wrappers(self) -> list[OffloadedExperts]:
         return [m.experts for m in self._layers if isinstance(m.experts, OffloadedExperts)]
 
@@ -106,7 +111,7 @@ class OffloadRuntime:
         per_token = (lambda s: 1e6 * s / tokens) if tokens else (lambda s: 0.0)
         summary = summarize(counts, expert_bytes=eb)
         return {
-            "system": self.system, "residency": self.residency, "capacity": self.capacity,
+            "system": self.system, "residency": self.residency, "capacity": self.capacity, "miss": self.miss,
             "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": self.controller.K,
             "tokens": tokens, "abandoned_tokens": self.controller.abandoned, **summary, "sim_copies": summary["copies"],
             "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,

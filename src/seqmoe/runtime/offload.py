@@ -27,7 +27,7 @@ import torch
 
 from seqmoe.arch import ExpertLayout, ModelArch, model_arch
 from seqmoe.cache import LRUPolicy
-from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
+from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_MISS, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
 from seqmoe.errors import UserError
 from seqmoe.host_cost import has_host_path, host_expert_time_s
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
@@ -114,7 +114,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             bandwidth: float | None = None, train: RoutingTrace | None = None,
             hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
             control: str | None = None, replay: RoutingTrace | None = None, routing: str = "exact",
-            max_kl: float | None = None, miss: str = "copy") -> OffloadRuntime:
+            max_kl: float | None = None, miss: str | None = None) -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
@@ -146,14 +146,16 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         routing: "exact" (default) or "cache-aware": a missing routed expert may be swapped for a
             resident one the router scored close to it, each token spending at most `max_kl`
             nats of KL divergence from the router's distribution (`cache_routing`; inline only).
-        miss: how a miss is served (`seqmoe.manager.paths`): "copy" (default) into a slot,
-            "in-place" (read from its host row, no slot), "cpu" (computed on the host CPU by
+        miss: how a miss is served (`seqmoe.manager.paths`): "copy" into a slot, "in-place"
+            (read from its host row, no slot), "cpu" (computed on the host CPU by
             `host_exec.HostExecutor` while the device computes the rest; inline only) or "auto"
-            (chosen per miss from the cost model's link and host, measured by default). Systems
-            that fix their own path (`cpu-all`, `static-split-style`) ignore it.
+            (chosen per miss from the cost model's link and host, measured by default). Default:
+            `DEFAULT_RUNTIME_MISS` with inline control, "copy" with control="thread". Systems that
+            fix their own path (`cpu-all`, `static-split-style`) ignore it.
     """
     check_routing(routing, max_kl)
-    check_miss(miss)
+    if miss is not None:
+        check_miss(miss)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
                  hardware=hardware, control=control, replay=replay, miss=miss, emulate_link=emulate_link)
     if plan.system.miss in ("cpu", "auto") and plan.control != "inline":
@@ -186,7 +188,7 @@ class _Plan:
 
 
 def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control, replay,
-          miss="copy", emulate_link=False) -> _Plan:
+          miss=None, emulate_link=False) -> _Plan:
     """Check every argument and the device's free memory; UserError before anything changes."""
     if isinstance(residency, bool) or not isinstance(residency, numbers.Real):
         raise UserError(f"residency must be a number in (0, 1], got {residency!r} ({type(residency).__name__})")
@@ -211,6 +213,7 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
     control = control or ("thread" if device.type == "cuda" else "inline")
     if control not in ("inline", "thread"):
         raise UserError(f"control must be 'inline' or 'thread', got {control!r}")
+    miss = miss or (DEFAULT_RUNTIME_MISS if control == "inline" else "copy")
     if device.type == "cuda":
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token

@@ -42,7 +42,7 @@ def load_engine(model: str, *, residency: float = DEFAULT_RUNTIME_RESIDENCY, sys
                 train: str | None = None, predictor: str | None = None, device: str | None = None,
                 dtype: str = "auto", control: str | None = None, graph: bool = False, threads: int | None = None,
                 queue_limit: int = 32, context_length: int | None = None, chat_template: str | None = None,
-                name: str | None = None, progress: bool = False, miss: str = "copy") -> Served:
+                name: str | None = None, progress: bool = False, miss: str | None = None) -> Served:
     """Load `model` (a folder or seqmoe-tiny), offload it, start its engine.
 
     Args mirror `seqmoe serve`'s flags; `chat_template` is a file with a Jinja template;
