@@ -101,6 +101,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto", help="weights dtype")
     b.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     b.add_argument("--out", metavar="FILE.jsonl", help="also append the JSON line to this file")
+    b.add_argument("--control", choices=("inline", "thread"), default=None, help="where the control plane runs: in "
+                   "the router hooks (inline, the default) or on its own thread fed by the routing mailbox")
     add_miss_flag(b)
     b.set_defaults(func=run_bench)
 
@@ -206,7 +208,7 @@ def run_bench(args) -> int:
     result = bench_runtime(model, tok, args.prompt or PROMPTS, residencies=residencies, systems=systems,
                            new_tokens=args.new_tokens, repeats=args.repeats, train=train, predictor=args.predictor,
                            link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log,
-                           miss=args.miss)
+                           miss=args.miss, control=args.control)
     result["model"] = str(args.model)
     print(format_table(result))
     line = json.dumps(result)

@@ -30,8 +30,9 @@ DEFAULT_RUNTIME_RESIDENCY = 0.3
 """Residency of an offloaded model when none is given."""
 DEFAULT_RUNTIME_MISS = "auto"
 """How an offloaded model serves misses when not told, with control="inline": chosen per miss (faster
-than copying every miss, simulated and live: docs/LOG.md). A captured decode step (control="thread")
-cannot yet hand experts to the host CPU: it copies. The simulator's protocol copies (`SimConfig.miss`)."""
+than copying every miss, simulated and live: docs/LOG.md). A posted decode step (control="thread")
+copies by default (its host path runs on the CPU backend only, and there it is not faster). The
+simulator's protocol copies (`SimConfig.miss`)."""
 DEFAULT_RESIDENCIES = (0.1, 0.25, 0.45, 0.65, 0.9)
 """Residencies of a sweep when none are given."""
 ROUTINGS = ("exact", "cache-aware")

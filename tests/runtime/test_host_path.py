@@ -54,11 +54,9 @@ def test_host_computed_misses_are_exact(arch):
             assert s["misses_cpu"] == s["activations"] and s["sim_copies"] == 0
 
 
-def test_host_path_needs_a_host_and_inline_control():
+def test_host_path_needs_a_host_and_a_known_path():
     with pytest.raises(UserError, match="describes no host"):
         offload(fresh("mixtral"), 0.3, "on-demand-lru", hardware=TEST_HW, miss="cpu")
-    with pytest.raises(UserError, match="control='inline'"):
-        offload(fresh("mixtral"), 0.3, "on-demand-lru", hardware=HOST_HW, miss="auto", control="thread")
     with pytest.raises(UserError, match="unknown miss path"):
         offload(fresh("mixtral"), 0.3, "on-demand-lru", miss="gpu")
 

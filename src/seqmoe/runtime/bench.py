@@ -140,7 +140,7 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
 def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 0.5, 1.0), systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
                   link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None,
-                  miss: str | None = None) -> dict:
+                  miss: str | None = None, control: str | None = None) -> dict:
     """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
 
     Args:
@@ -158,6 +158,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
         miss: how the systems serve misses (`seqmoe.manager.paths`; default: `offload`'s); the host
             CPU's time per expert is that of this CPU's host path, measured at start (`costs`), held
             in the host executor.
+        control: where the control plane runs (`offload`; default: inline on the CPU).
 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
@@ -197,7 +198,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
         for r in residencies:
             pred = copy.deepcopy(predictor) if ALL[system].needs_predictor else None
             near = _timed_passes(model, ids, new_tokens, repeats)  # the full model again, right before: load drifts
-            rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=True, miss=miss)
+            rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=True, miss=miss,
+                         control=control)
             try:
                 greedy_decode(model, ids[0], min(new_tokens, 4), rt)  # warm-up (counted in the stats)
                 res = _timed_passes(model, ids, new_tokens, repeats, rt)
@@ -205,7 +207,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
                 s = rt.stats()
             finally:
                 rt.restore()
-            run = {"system": system, "residency": r, "capacity": s["capacity"], "miss": rt.miss,
+            run = {"system": system, "residency": r, "capacity": s["capacity"], "miss": rt.miss, "control": rt.control,
                    "tokens_per_s": res["tokens_per_s"], "full_tokens_per_s": near["tokens_per_s"],
                    "vs_full": res["tokens_per_s"] / near["tokens_per_s"],
                    "exact": res["tokens"] == full["tokens"],

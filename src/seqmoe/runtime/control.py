@@ -111,6 +111,7 @@ class Controller:
         self._mid_token = False  # the driver got a token_start and not yet its last layer_end
         self.abandoned = 0  # tokens the state machine saw in part (a forward cut short)
         self._on_host: set[int] = set()  # uids the manager sent to the host CPU at the current reveal
+        self.relay = None  # host_relay.HostRelay: the host CPU path of posted decode steps
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = manager, pool, worker
@@ -252,6 +253,7 @@ class Controller:
                 self._posted = posted
             if self._open is not None and self._posted != self.L:
                 self._cut(self._open)
+            self._close_relay_step()
             self.posting, self._token_input = False, None
             self._end_ledger()
             self._open = None
@@ -280,6 +282,7 @@ class Controller:
         with critical():
             if o.posted:
                 self._cut(o)
+                self._close_relay_step()
             else:
                 with self.lock:
                     self._forward = None
@@ -287,6 +290,12 @@ class Controller:
             self.posting, self._token_input = False, None
             self._end_ledger()
             self._open = None
+
+    def _close_relay_step(self) -> None:
+        """The open posted step is over: host jobs still waiting for its hidden states give up."""
+        o = self._open
+        if self.relay is not None and o is not None and self.thread.launched > o.launched_before:
+            self.relay.close_step(o.launched_before)
 
     def _end_ledger(self) -> None:
         o = self._open
@@ -319,15 +328,21 @@ class Controller:
         self.mailbox.post(layer, ids, weights, self._token_input if layer == 0 else None)
         self._posted += 1
 
-    def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, token: int | None) -> None:
-        """One layer of a posted decode step, in order (control thread): what `route` and
-        `experts_done` do for a one-position forward, and `end_forward` after the last layer."""
+    def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, token: int | None,
+                     step: int = 0) -> None:
+        """One layer of decode step `step` posted, in order (control thread): what `route` and
+        `experts_done` do for a one-position forward, and `end_forward` after the last layer; the
+        experts it sends to the host CPU go to the relay."""
         if layer == 0:
             self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
             self._token_start(token, new_request=False)
         step_ids, step_w, tok = self._step
         step_ids[0, layer], step_w[0, layer] = ids, weights
+        self._on_host.clear()
         self.driver.reveal(layer, step_ids[0, layer])
+        if self.relay is not None:
+            base = layer * self.E
+            self.relay.decide(step, layer, sorted(u - base for u in self._on_host))
         self._layer_end(layer)
         if layer == self.L - 1:
             self._ids.append(step_ids)

@@ -68,6 +68,11 @@ class ControlThread:
             self._stop = True
             self._cv.notify_all()
 
+    @property
+    def stopped(self) -> bool:
+        """The thread has stopped consuming (closed, or failed)."""
+        return self._stop
+
     def _check(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"the control thread failed: {self._error!r}") from self._error
@@ -104,7 +109,7 @@ class ControlThread:
                     self.controller.abandon_step(layer)
                 return True
             with self.lock:
-                self.controller.decode_layer(layer, *got)
+                self.controller.decode_layer(layer, *got, step=step)
         return True
 
     def close(self) -> None:

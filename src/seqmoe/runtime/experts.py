@@ -9,9 +9,10 @@ moves one expert, and deletes the parameters.
 In a decode step that posts its routing (`control="thread"`: no host synchronisation, capturable
 as a CUDA graph) it gathers the K routed rows on the device, each from its slot or, on a miss, from
 the mapped host block (`ExpertPool.gather_posted`), and runs the original forward on them with the
-routed ids replaced by 0..K-1: static shapes, no host value read. Otherwise, when every routed
-expert is in a published slot and the implementation does not depend on expert
-numbering (grouped_mm, batched_mm: the default), it can run the *original module's own forward* on
+routed ids replaced by 0..K-1: static shapes, no host value read; the experts the memory manager
+sends to the host CPU run there meanwhile, at weight 0 here, their sum added (`host_relay`).
+Otherwise, when every routed expert is in a published slot and the implementation does not depend
+on expert numbering (grouped_mm, batched_mm: the default), it can run the *original module's own forward* on
 views of a window of at most E pool slots with the routed ids replaced by slot offsets: no copy
 (on CUDA, or on the CPU for experts of 1 MiB or more; `CPU_IN_PLACE_BYTES`). Otherwise it gathers
 the rows of the routed experts (from the device pool when resident, else from the host block:
@@ -116,6 +117,7 @@ class OffloadedExperts(torch.nn.Module):
         self._windows: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
         self._arange = np.arange(self.num_experts, dtype=np.int32)
         object.__setattr__(self, "_c", _Counts())  # plain object: hot-path updates skip Module.__setattr__
+        object.__setattr__(self, "_skip", None)  # [K] bool during a relayed call: positions the host computes
 
     host_s = property(lambda self: self._c.host_s - self._c.gather_s,
                       doc="Seconds spent here outside the original forward and the gathers.")
@@ -175,7 +177,7 @@ class OffloadedExperts(torch.nn.Module):
     def _posted(self, index: torch.Tensor) -> tuple[dict, int, torch.Tensor]:
         """A posting decode step: (views of the K gathered rows, K, ids 0..K-1 in routing order)."""
         k = index.shape[-1]
-        rows = self.pool.gather_posted(self.layer, index.reshape(-1))
+        rows = self.pool.gather_posted(self.layer, index.reshape(-1), self._skip)
         key = (k, index.dtype, index.device)
         new_index = self._posted_index.get(key)
         if new_index is None:
@@ -225,6 +227,30 @@ class OffloadedExperts(torch.nn.Module):
         return f"layer={self.layer}, num_experts={self.num_experts}, original={type(self.original).__name__}"
 
     def forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        relay = self._control.relay
+        if (relay is not None and self._control.posting and relay.active and len(args) == 2 and not kwargs
+                and args[0].shape[0] == 1):
+            return self._relayed(relay, hidden_states, *args)
+        return self._forward(hidden_states, *args, **kwargs)
+
+    def _relayed(self, relay, hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """A posting decode step with the host path (`host_relay`): the positions the host computes
+        run here at weight 0 (an exact 0 added), the host's sum is added to the rest."""
+        t0 = time.perf_counter()
+        at, step = relay.post_hidden(self.layer, hidden_states, index, weights)
+        keep = relay.keep(at, step, index)
+        object.__setattr__(self, "_skip", ~keep.view(-1))
+        t1 = time.perf_counter()
+        try:
+            out = self._forward(hidden_states, index, torch.where(keep, weights, 0))
+        finally:
+            object.__setattr__(self, "_skip", None)
+        t2 = time.perf_counter()
+        out = out + relay.host_out(at, step).to(out.dtype)
+        self._c.host_s += (t1 - t0) + (time.perf_counter() - t2)
+        return out
+
+    def _forward(self, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         t0 = time.perf_counter()
         if len(args) == 2 and not kwargs:  # the usual call: (hidden_states, top_k_index, top_k_weights)
             index, bound = args[0], None

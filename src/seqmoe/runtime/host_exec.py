@@ -48,9 +48,14 @@ class HostExecutor:
         with `weights` on `twin` (`HostExecutor.twin`); a future of their summed output (on the host,
         in `hidden_states`' dtype)."""
         x, idx, w = hidden_states.cpu(), index.cpu(), weights.cpu()
-        return self._pool.submit(self._run, twin, layout, host_rows, ids, x, idx, w)
+        return self._pool.submit(self.compute, twin, layout, host_rows, ids, x, idx, w)
 
-    def _run(self, twin, layout, host_rows, ids, x, idx, w) -> torch.Tensor:
+    def call(self, fn, *args) -> Future:
+        """Run `fn(*args)` on the worker thread, after the work handed over before it."""
+        return self._pool.submit(fn, *args)
+
+    def compute(self, twin, layout, host_rows, ids, x, idx, w) -> torch.Tensor:
+        """`submit`'s work, on the calling thread (the worker's): host tensors in, their sum out."""
         t0 = time.perf_counter()
         state, forward, out = twin.__dict__, type(twin).forward, None
         state["num_experts"] = 1

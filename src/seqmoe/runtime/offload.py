@@ -37,6 +37,7 @@ from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hard
 from seqmoe.runtime.build import Undo, allocate_slots, check_device_memory, move_model, resolve_device
 from seqmoe.runtime.cache_routing import CacheAwareRouting, check_routing
 from seqmoe.runtime.host_exec import HostExecutor
+from seqmoe.runtime.host_relay import HostRelay
 from seqmoe.runtime.control import Controller
 from seqmoe.runtime.control_thread import ControlThread
 from seqmoe.runtime.copier import CopyWorker
@@ -148,7 +149,8 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             nats of KL divergence from the router's distribution (`cache_routing`; inline only).
         miss: how a miss is served (`seqmoe.manager.paths`): "copy" into a slot, "in-place"
             (read from its host row, no slot), "cpu" (computed on the host CPU by
-            `host_exec.HostExecutor` while the device computes the rest; inline only) or "auto"
+            `host_exec.HostExecutor` while the device computes the rest; with control="thread" on the
+            CPU backend only, through `host_relay`) or "auto"
             (chosen per miss from the cost model's link and host, measured by default). Default:
             `DEFAULT_RUNTIME_MISS` with inline control, "copy" with control="thread". Systems that
             fix their own path (`cpu-all`, `static-split-style`) ignore it.
@@ -158,9 +160,9 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         check_miss(miss)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
                  hardware=hardware, control=control, replay=replay, miss=miss, emulate_link=emulate_link)
-    if plan.system.miss in ("cpu", "auto") and plan.control != "inline":
-        raise UserError(f"miss={plan.system.miss!r} runs with control='inline' (the captured decode step does not yet "
-                        "hand experts to the host CPU); use control='inline', or miss='copy' / 'in-place'")
+    if _on_host_cpu(plan.system) and plan.control == "thread" and plan.device.type == "cuda":
+        raise UserError(f"miss={plan.system.miss!r} with control='thread' runs on the CPU backend only (a CUDA decode "
+                        "step cannot yet wait on the host's outputs); use control='inline', or miss='copy' / 'in-place'")
     if routing != "exact" and plan.control != "inline":
         raise UserError("cache-aware routing runs with control='inline' (the posted decode step does not yet "
                         "substitute on the device)")
@@ -290,6 +292,10 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
         if plan.control == "thread":
             controller.fence = fence
             controller.mailbox = Mailbox(L, K, device, fence)
+            if host is not None:
+                twins = [HostExecutor.twin(x) for x in originals]
+                controller.relay = HostRelay(controller.mailbox, model.config.hidden_size, layout.dtype, host, twins,
+                                             layout, hosts, control_failed=lambda: controller.thread.stopped)
             controller.thread = ControlThread(controller, controller.mailbox, controller.lock)
             undo.push(controller.thread.close)
         for l, (m, orig) in enumerate(zip(layers, originals)):

@@ -281,10 +281,11 @@ class ExpertPool:
                                    timeout=max(1.0, 1000 * self.link_s))
             return slot if self.loaded[slot] and self.owner[slot] == uid else -1
 
-    def gather_posted(self, layer: int, ids: torch.Tensor) -> torch.Tensor:
+    def gather_posted(self, layer: int, ids: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
         """[K, P] rows of one position's routed `ids` [K] (device tensor), with no host value read:
         each from its slot, or on a miss from the mapped host block (`mapped.gather_rows`). The
-        reads are counted on the device (`device_reads`). The buffers are shared by all layers."""
+        reads are counted on the device (`device_reads`). The buffers are shared by all layers.
+        `skip` [K] bool: positions the host CPU computes (the emulated link does not charge them)."""
         n = ids.shape[0]
         if self._staging is None or self._staging.shape[0] != n:
             self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
@@ -293,7 +294,8 @@ class ExpertPool:
         rows = gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), self._staging,
                            self.device_reads, self._slots_posted)
         if self.link_s:  # a CPU pool: the missed rows were read in place over the emulated link
-            time.sleep(int((self._slots_posted < 0).sum()) * self.link_s)
+            missed = self._slots_posted < 0
+            time.sleep(int((missed if skip is None else missed & ~skip).sum()) * self.link_s)
         return rows
 
     def missing_row(self, layer: int) -> np.ndarray:

@@ -1,0 +1,108 @@
+"""The host CPU path inside a posted decode step (`control="thread"`, `host_relay`): exact outputs,
+the simulator's counts, and no wait left hanging when a step is cut short or a host job fails."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from seqmoe.errors import UserError
+from seqmoe.manager.systems import SystemInputs, build_system
+from seqmoe.runtime import DecodeGraph, offload
+from seqmoe.sim import simulate
+from tests.collect.tiny_models import ARCHS
+from tests.runtime.conftest import PROMPT, fresh, greedy, reference
+from tests.runtime.test_host_path import HOST_HW, RUNS, _decode, _full
+from tests.runtime.test_interrupts import _interrupt_at
+
+
+def _offload(arch: str, system: str = "on-demand-lru", miss: str = "cpu"):
+    model = fresh(arch)
+    return model, offload(model, 0.3, system, train=reference(arch).train, hardware=HOST_HW, miss=miss,
+                          control="thread")
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_posted_steps_with_host_experts_are_exact(arch):
+    tokens, step_logits = _full(arch)
+    for system, miss in RUNS:
+        model, rt = _offload(arch, system, miss)
+        try:
+            got, got_logits = _decode(model)
+            relayed = rt.controller.relay.experts
+        finally:
+            rt.restore()
+        assert torch.equal(got, tokens), f"{arch} {system} {miss}"
+        diff = (got_logits - step_logits).abs().max().item()
+        assert diff <= 1e-5, f"{arch} {system} {miss}: logits differ by {diff}"
+        assert relayed > 0, f"{arch} {system} {miss}: no decode-step expert ran on the host"
+
+
+@pytest.mark.parametrize(("system", "miss"), RUNS)
+def test_posted_host_path_counts_equal_the_simulators(system, miss):
+    ref = reference("olmoe")
+    model, rt = _offload("olmoe", system, miss)
+    try:
+        _decode(model)
+        s, trace = rt.stats(), rt.trace()
+    finally:
+        rt.restore()
+    sysobj = build_system(system, SystemInputs(train=ref.train, test=trace, capacity=rt.capacity,
+                                               start=tuple(rt.start)), miss)
+    c = simulate(trace, sysobj, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
+    assert (s["ready"], s["late"], s["misses"], s["misses_cpu"], s["misses_in_place"], s["sim_copies"]) == (
+        c.ready, c.late, c.misses, c.host, c.in_place, c.copies)
+
+
+@pytest.mark.parametrize("where", ["router", "experts"])
+def test_a_cut_step_leaves_no_host_job_waiting(where):
+    """Ctrl-C inside a posted step (after a layer's routing posted, or before the last layer's
+    experts posted their hidden state): the next generate is exact and does not wait on a stale job."""
+    ref = reference("olmoe")
+    model, rt = _offload("olmoe", "cpu-all")  # every layer of every step has host jobs
+    greedy(model)
+    undo = _interrupt_at(where, rt, model, n=4)
+    with pytest.raises(KeyboardInterrupt):
+        greedy(model, prompt=[1, *range(30, 50)], new_tokens=30)
+    undo()
+    t0 = time.perf_counter()
+    assert torch.equal(greedy(model), ref.tokens)
+    assert time.perf_counter() - t0 < 5
+    relay = rt.controller.relay
+    assert relay.error is None and relay.dropped_jobs == 1  # the cut layer's job: its hidden state never came
+    rt.restore()
+    assert torch.equal(greedy(model), ref.tokens)
+
+
+def test_a_failing_host_job_raises_in_the_step_and_restore_still_works(monkeypatch):
+    model, rt = _offload("olmoe", miss="cpu")
+    greedy(model)
+
+    def broken(*args):
+        raise ValueError("host expert failed")
+
+    monkeypatch.setattr(rt.host, "compute", broken)
+    with pytest.raises(RuntimeError, match="host path stopped"):
+        greedy(model, prompt=[1, *range(30, 50)], new_tokens=30)
+    t0 = time.perf_counter()
+    rt.restore()
+    assert time.perf_counter() - t0 < 5
+    assert torch.equal(greedy(model), reference("olmoe").tokens)
+
+
+def test_decode_graph_on_the_cpu_runs_the_host_path():
+    model, rt = _offload("olmoe", miss="auto")
+    try:
+        out = DecodeGraph(rt, 64).generate(torch.tensor([PROMPT]), 8)
+        relayed = rt.controller.relay.experts
+    finally:
+        rt.restore()
+    assert torch.equal(out, reference("olmoe").tokens) and relayed > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_posted_step_refuses_the_host_path():
+    with pytest.raises(UserError, match="CPU backend only"):
+        offload(fresh("olmoe"), 0.3, "on-demand-lru", device="cuda", hardware=HOST_HW, miss="cpu", control="thread")
