@@ -103,6 +103,9 @@ def _add_collect(sub: argparse._SubParsersAction) -> None:
     col.add_argument("--pregate", type=int, default=0, metavar="H",
                      help="also record, for each MoE layer l, the logits that the routers of layers l+1..l+H give "
                      "to layer l's router input (pregate_logits [T, L, H, E] float16; default: 0, none)")
+    col.add_argument("--router-logits", action="store_true",
+                     help="also record each router's own logits (router_logits [T, L, E] float32), what the "
+                     "simulator's --routing cache-aware needs")
     col.add_argument("--max-tokens", type=int, default=None, metavar="N",
                      help="cut each request to its first N tokens (default: the model's context length)")
     col.add_argument("--max-requests", type=int, default=None, metavar="N", help="route only the first N requests")
@@ -136,8 +139,8 @@ def run_collect(args: argparse.Namespace) -> int:
     if tokenizer is None:
         raise UserError(f"{model_dir} has no tokenizer; save one next to the model (tokenizer.save_pretrained)")
     trace = collect_trace(
-        model, texts, tokenizer, pregate=args.pregate, mode=args.mode, new_tokens=args.new_tokens,
-        max_tokens=args.max_tokens, labels=labels, model_name=str(args.model),
+        model, texts, tokenizer, pregate=args.pregate, router_logits=args.router_logits, mode=args.mode,
+        new_tokens=args.new_tokens, max_tokens=args.max_tokens, labels=labels, model_name=str(args.model),
         source=f"seqmoe trace collect --mode {args.mode} --text {args.text}",
         progress=not args.no_progress and sys.stderr.isatty(),
     )  # fmt: skip
@@ -189,6 +192,8 @@ def _format_table(path: str | os.PathLike, trace: RoutingTrace, s: dict) -> str:
     fields = [name for name in ("gate_weights", "token_ids") if getattr(trace, name) is not None]
     if trace.pregate_logits is not None:
         fields.append(f"pregate_logits (H={trace.pregate_logits.shape[2]})")
+    if trace.router_logits is not None:
+        fields.append("router_logits")
     if trace.vocab is not None:
         fields.append(f"vocab ({len(trace.vocab)} strings)")
     rows = [

@@ -14,6 +14,7 @@ import inspect
 import json
 from dataclasses import dataclass
 
+from seqmoe.cache_routing import ROUTINGS, check_routing
 from seqmoe.errors import UserError
 from seqmoe.manager.paths import check_miss
 from seqmoe.manager.placement import check_residency
@@ -35,8 +36,6 @@ copies by default (its host path runs on the CPU backend only, and there it is n
 simulator's protocol copies (`SimConfig.miss`)."""
 DEFAULT_RESIDENCIES = (0.1, 0.25, 0.45, 0.65, 0.9)
 """Residencies of a sweep when none are given."""
-ROUTINGS = ("exact", "cache-aware")
-"""The runtime's routing modes (`seqmoe.runtime.cache_routing`); the first is the default."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,12 +64,19 @@ class SimConfig:
     """How misses are served: copy (into a slot), in-place (read the host row over the link), cpu
     (compute on the host CPU; needs a hardware profile with a host) or auto (chosen per miss);
     cpu-all and static-split-style fix their own."""
+    routing: str = ROUTINGS[0]
+    """exact (the recorded routing) or cache-aware: a missing routed expert may be swapped for a resident
+    one the router scored close to it, within --max-kl (the trace needs router_logits: `seqmoe trace
+    collect --router-logits`)."""
+    max_kl: float | None = None
+    """Cache-aware routing's budget, nats of KL divergence per token."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 
     def __post_init__(self) -> None:
         check_residency(self.residency)
         check_miss(self.miss)
+        check_routing(self.routing, self.max_kl)
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -103,7 +109,7 @@ def add_config_flags(parser, cls, skip: tuple[str, ...] = ()) -> None:
         if f.name in skip:
             continue
         flag = "--" + f.name.replace("_", "-")
-        typ = {"float": float, "int": int, "int | None": int}.get(str(f.type), str)
+        typ = {"float": float, "int": int, "int | None": int, "float | None": float}.get(str(f.type), str)
         required = f.default is dataclasses.MISSING
         default = None if required else f.default
         suffix = "" if required or default is None else f" (default: {default})"

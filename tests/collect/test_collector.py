@@ -127,3 +127,20 @@ def test_read_text_requests(tmp_path):
         read_text_requests(tmp_path / "empty")
     with pytest.raises(UserError, match="unknown request split"):
         read_text_requests(tmp_path / "sub" / "a.txt", "sentence")  # an unknown split
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "olmoe", "qwen3_moe"])
+def test_router_logits_are_what_the_router_picked_from(arch):
+    """Routers that pick the top-k of softmax(logits): the recorded logits rank the routed experts first
+    and give their gate weights (renormalised over the k for Mixtral and Qwen3, raw for OLMoE)."""
+    trace = collect_trace(tiny_model(arch), PROMPTS, router_logits=True)
+    z = trace.router_logits
+    assert z.shape == (trace.num_tokens, trace.num_layers, trace.num_experts) and z.dtype == np.float32
+    K = trace.top_k
+    top = np.sort(np.argsort(-z, axis=-1, kind="stable")[..., :K], -1)
+    np.testing.assert_array_equal(top, np.sort(trace.expert_ids, -1))
+    p = np.exp(z - z.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    chosen = np.take_along_axis(p, trace.expert_ids.astype(np.int64), -1)
+    scale = trace.gate_weights / chosen
+    np.testing.assert_allclose(scale, scale[..., :1].repeat(K, -1), rtol=1e-4)

@@ -11,7 +11,7 @@ import torch
 
 from seqmoe.errors import UserError
 from seqmoe.runtime import offload
-from seqmoe.runtime.cache_routing import CacheAwareRouting, check_routing
+from seqmoe.cache_routing import CacheAwareRouting, check_routing
 from tests.runtime.conftest import fresh, logits, reference
 
 E = 6

@@ -85,6 +85,7 @@ def collect_trace(
     tokenizer=None,
     *,
     pregate: int = 0,
+    router_logits: bool = False,
     mode: str = "prompt",
     new_tokens: int = 32,
     max_tokens: int | None = None,
@@ -98,6 +99,8 @@ def collect_trace(
     Args:
         requests: texts (need `tokenizer`) or token id lists; one request each. Empty ones are skipped.
         pregate: H >= 0: also record `pregate_logits` [T, L, H, E] (see `RoutingTrace`).
+        router_logits: also record each router's own logits, `router_logits` [T, L, E] (what the
+            simulator's cache-aware routing compares experts by).
         mode: "prompt" or "decode" (see the module docstring).
         new_tokens: tokens to generate per request in decode mode (fewer if EOS comes first).
         max_tokens: keep at most this many prompt tokens per request (default: the model's
@@ -108,7 +111,7 @@ def collect_trace(
 
     Returns:
         A trace with expert_ids, gate_weights (as the MoE block applies them), token_ids and,
-        when `pregate > 0`, pregate_logits. Its L axis is MoE layers only;
+        when asked, pregate_logits and router_logits. Its L axis is MoE layers only;
         `meta.extra["moe_layers"]` maps it to decoder layer indices.
     """
     import torch
@@ -139,7 +142,7 @@ def collect_trace(
 
     parts, prompt_lengths = [], []
     bar = tqdm(total=sum(len(ids) for _, ids in kept), unit="tok", disable=not progress, desc=f"collect ({mode})")
-    with RouterRecorder(layers, pregate=pregate) as rec, torch.no_grad():
+    with RouterRecorder(layers, pregate=pregate, router_logits=router_logits) as rec, torch.no_grad():
         for _, ids in kept:
             input_ids = torch.tensor([ids], dtype=torch.long, device=device)
             if mode == "prompt":
@@ -175,6 +178,7 @@ def collect_trace(
         expert_ids=np.concatenate([p[1] for p in parts]),
         gate_weights=np.concatenate([p[2] for p in parts]),
         pregate_logits=np.concatenate([p[3] for p in parts]) if pregate else None,
+        router_logits=np.concatenate([p[4] for p in parts]) if router_logits else None,
         token_ids=np.concatenate([p[0] for p in parts]),
         request_offsets=np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
         meta=TraceMeta(

@@ -1,9 +1,9 @@
 """Record what the MoE routers of a transformers causal LM choose, through forward hooks.
 
     layers = moe_layers(model)                 # one MoeLayer per MoE decoder layer, dense ones skipped
-    with RouterRecorder(layers, pregate=2) as rec:
+    with RouterRecorder(layers, pregate=2, router_logits=True) as rec:
         model(input_ids)
-        ids, weights, pregate = rec.take()     # [N, L, K], [N, L, K], [N, L, 2, E] for the N positions
+        ids, weights, pregate, logits = rec.take()   # [N, L, K], [N, L, K], [N, L, 2, E], [N, L, E]
 
 Where the routers are and what they return is the architecture adapter's (`seqmoe.arch`): every
 supported v5 router returns `(router_logits, top_k_weights, top_k_index)` over the flattened
@@ -30,13 +30,15 @@ class RouterRecorder:
         layers: from `moe_layers(model)`.
         pregate: H >= 0; when positive, also apply the routers of MoE layers l+1..l+H to the input
             of layer l's router (under no_grad, bypassing hooks) and keep their logits as float16.
+        router_logits: also keep each router's own logits (float32).
     """
 
-    def __init__(self, layers: list[MoeLayer], *, pregate: int = 0) -> None:
+    def __init__(self, layers: list[MoeLayer], *, pregate: int = 0, router_logits: bool = False) -> None:
         if pregate < 0:
             raise UserError(f"pre-gating horizon must be >= 0, got {pregate}")
         self.layers = layers
         self.pregate = pregate
+        self.router_logits = router_logits
         self._handles: list = []
         self._reset()
 
@@ -44,6 +46,7 @@ class RouterRecorder:
         self._ids: list[list[torch.Tensor]] = [[] for _ in self.layers]
         self._weights: list[list[torch.Tensor]] = [[] for _ in self.layers]
         self._pre: list[list[torch.Tensor]] = [[] for _ in self.layers]
+        self._logits: list[list[torch.Tensor]] = [[] for _ in self.layers]
 
     def __enter__(self) -> RouterRecorder:
         for l, layer in enumerate(self.layers):
@@ -57,8 +60,10 @@ class RouterRecorder:
 
     def _hook(self, l: int):
         def hook(module, args, kwargs, output):
-            _, weights, ids = unpack_router_output(module, output)
+            logits, weights, ids = unpack_router_output(module, output)
             self._ids[l].append(ids.detach().to("cpu", torch.int16))
+            if self.router_logits:
+                self._logits[l].append(logits.detach().reshape(-1, logits.shape[-1]).to("cpu", torch.float32))
             self._weights[l].append(weights.detach().to("cpu", torch.float32))
             if self.pregate:
                 x = args[0] if args else kwargs["hidden_states"]
@@ -79,9 +84,10 @@ class RouterRecorder:
                 out[:, h - 1] = logits.float().cpu().to(torch.float16)
         return out
 
-    def take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(ids [N, L, K] int16, weights [N, L, K] float32, pregate [N, L, H, E] float16 or None)
-        for the N positions seen since the last `take()`; then forget them."""
+    def take(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+        """(ids [N, L, K] int16, weights [N, L, K] float32, pregate [N, L, H, E] float16 or None,
+        router logits [N, L, E] float32 or None) for the N positions seen since the last `take()`;
+        then forget them."""
         counts = [sum(len(c) for c in chunks) for chunks in self._ids]
         if len(set(counts)) != 1 or counts[0] == 0:
             self._reset()
@@ -92,5 +98,6 @@ class RouterRecorder:
         ids = torch.stack([torch.cat(c) for c in self._ids], dim=1).numpy()
         weights = torch.stack([torch.cat(c) for c in self._weights], dim=1).numpy()
         pre = torch.stack([torch.cat(c) for c in self._pre], dim=1).numpy() if self.pregate else None
+        own = torch.stack([torch.cat(c) for c in self._logits], dim=1).numpy() if self.router_logits else None
         self._reset()
-        return ids, weights, pre
+        return ids, weights, pre, own

@@ -44,6 +44,8 @@ class SimCounts:
     """Device seconds per routed expert activation."""
     host_expert_s: float | None = None
     """Host CPU seconds per expert (None: the profile describes no host)."""
+    routing: dict | None = None
+    """A replay's cache-aware routing stats (`seqmoe.cache_routing`); None: exact routing."""
 
 
 def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = None) -> dict:
@@ -86,6 +88,7 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         "tokens_per_s": c.num_tokens / c.time_s if c.time_s else 0.0,
         "decision_us_per_token": per_token(c.decision_s),
         "copy_time_s": c.copy_time_s,
+        **(c.routing or {}),
     }
     if belady_misses is not None:
         bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)

@@ -59,6 +59,14 @@ class Driver:
         reveal = self.clock + m.non_expert_s
         self.clock = m.layer(self.tokens * self.L + layer, uids, ids if m.wants_ids else None, reveal)
 
+    def pool_at_reveal(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """([E] missing, [E] readable) experts of `layer` when its router reveals next: neither
+        resident nor on their way; resident with their copy done by then."""
+        m = self.manager
+        lo = layer * self.E
+        readable = m.readable_mask(self.clock + m.non_expert_s)[lo:lo + self.E]
+        return m.present_mask()[lo:lo + self.E] == 0, readable
+
     def layer_end(self, layer: int) -> None:
         """Layer `layer`'s experts have computed (after the last layer, the token has ended)."""
         m = self.manager

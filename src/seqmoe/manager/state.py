@@ -177,6 +177,13 @@ class MemoryManager(ManagerBase):
     def present_mask(self) -> np.ndarray:
         return np.frombuffer(self._present, dtype=np.uint8)
 
+    def readable_mask(self, now: float) -> np.ndarray:
+        """[L * E] bool: resident with its copy done by `now` (the copies due by then finish first)."""
+        self._finish_copies(now)
+        ready = np.frombuffer(self._present, dtype=np.uint8).astype(bool)
+        ready[list(self._pending)] = False
+        return ready
+
     def eta(self, step):
         tokens_crossed = step // self.num_layers - self.step // self.num_layers
         return self.now + (step - self.step) * self.pace_s + tokens_crossed * self.token_s

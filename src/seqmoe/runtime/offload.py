@@ -35,7 +35,7 @@ from seqmoe.manager.paths import check_miss
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime.build import Undo, allocate_slots, check_device_memory, move_model, resolve_device
-from seqmoe.runtime.cache_routing import CacheAwareRouting, check_routing
+from seqmoe.cache_routing import CacheAwareRouting, check_routing
 from seqmoe.runtime.host_exec import HostExecutor
 from seqmoe.runtime.host_relay import HostRelay
 from seqmoe.runtime.control import Controller

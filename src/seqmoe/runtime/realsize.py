@@ -33,7 +33,8 @@ def layers_of(trace: RoutingTrace, num_layers: int) -> RoutingTrace:
         return trace
     cut = (lambda a: None if a is None else a[:, :num_layers])
     return dataclasses.replace(trace, expert_ids=trace.expert_ids[:, :num_layers],
-                               gate_weights=cut(trace.gate_weights), pregate_logits=None)
+                               gate_weights=cut(trace.gate_weights), pregate_logits=None,
+                               router_logits=cut(trace.router_logits))
 
 
 class ForcedRouting:

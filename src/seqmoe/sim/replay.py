@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
+from seqmoe.cache_routing import CacheAwareRouting
+from seqmoe.errors import UserError
 from seqmoe.manager import Driver, System, build_manager
 from seqmoe.manager.counts import SimCounts
 from seqmoe.profiles import HardwareProfile, ModelProfile
@@ -18,7 +20,8 @@ from seqmoe.trace.schema import RoutingTrace, check_dims
 
 
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,
-             capacity: int, start, progress: bool = False, compiled: bool = True) -> SimCounts:
+             capacity: int, start, progress: bool = False, compiled: bool = True,
+             max_kl: float | None = None) -> SimCounts:
     """Replay `trace` as batch-1 decode with `system` managing `capacity` slots.
 
     Args:
@@ -30,13 +33,19 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         progress: show a progress bar.
         compiled: let the compiled manager run the systems it can (`seqmoe.manager.build_manager`);
             False: the reference Python state machine (the same decisions, slower).
+        max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.cache_routing`;
+            the trace must hold `router_logits`); None: the recorded routing.
 
     Returns:
         Counts and times of the replay (see `seqmoe.manager.summarize` for the metrics).
     """
     check_dims("trace", trace, model)
+    if max_kl is not None and (trace.router_logits is None or trace.gate_weights is None):
+        raise UserError("cache-aware routing replays router logits and gate weights, and this trace lacks them: "
+                        "collect it with `seqmoe trace collect --router-logits`")
     driver = Driver(build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start,
                                   compiled=compiled))
+    routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     L, K = trace.num_layers, trace.top_k
     flat = trace.uids().reshape(-1, K).astype(np.int64)  # [T * L, K]
     if not driver.manager.takes_arrays:
@@ -50,9 +59,34 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         row = ids[t]
         for l in range(L):
             step = t * L + l
-            driver.reveal(l, row[l], flat[step])
+            if routing is None:
+                driver.reveal(l, row[l], flat[step])
+            else:
+                driver.reveal(l, _routed(routing, trace, t, l))
             driver.layer_end(l)
         if t % 256 == 255:
             bar.update(256)
     bar.close()
-    return driver.finish()
+    counts = driver.finish()
+    counts.routing = None if routing is None else routing.stats()
+    return counts
+
+
+def _replayed_routing(driver: Driver, max_kl: float) -> CacheAwareRouting:
+    """The cache-aware rule against the replay's pool, as the runtime applies it against its slots
+    (the rule asks for a layer's missing experts before its readable ones)."""
+    state = {}
+
+    def missing(layer: int) -> np.ndarray:
+        state["missing"], state["readable"] = driver.pool_at_reveal(layer)
+        return state["missing"]
+
+    return CacheAwareRouting(max_kl, missing=missing, resident=lambda layer: state["readable"])
+
+
+def _routed(routing: CacheAwareRouting, trace: RoutingTrace, t: int, l: int) -> np.ndarray:
+    """[K] expert ids of (token t, layer l) after the rule."""
+    ids = trace.expert_ids[t, l][None]
+    got = routing.substitute(l, lambda: trace.router_logits[t, l][None].astype(np.float64),
+                             lambda: trace.gate_weights[t, l][None].astype(np.float64), ids)
+    return ids[0] if got is None else got[1][0].astype(ids.dtype)

@@ -77,9 +77,11 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     test = w.test
     capacity = capacity_for(cfg.residency, test.num_layers, test.num_experts, test.top_k)
     start = start_placement(w.train, capacity)
-    if capacity not in w.belady_misses:
-        w.belady_misses[capacity] = belady_misses(w.test_uids, capacity, start, w.future)
-    n_opt = w.belady_misses[capacity]
+    n_opt = None
+    if cfg.routing == "exact":  # Belady's count is of the recorded routing: no bound for a replay that changes it
+        if capacity not in w.belady_misses:
+            w.belady_misses[capacity] = belady_misses(w.test_uids, capacity, start, w.future)
+        n_opt = w.belady_misses[capacity]
     predictor = None
     if system_spec(cfg.system).needs_predictor:
         if cfg.predictor not in w.predictors:
@@ -88,7 +90,8 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor)
     system = build_system(cfg.system, inputs, cfg.miss)
     t0 = time.perf_counter()
-    counts = simulate(test, system, model=w.model, hardware=w.hardware, capacity=capacity, start=start, progress=progress)
+    counts = simulate(test, system, model=w.model, hardware=w.hardware, capacity=capacity, start=start,
+                      progress=progress, max_kl=cfg.max_kl)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": cfg.residency, "capacity": capacity,
            "miss": system.miss}

@@ -43,8 +43,8 @@ def save_trace(trace: RoutingTrace, path: str | os.PathLike) -> None:
     """Write `trace` to a safetensors file, whole or not at all.
 
     Tensors: `expert_ids` [T, L, K] int16, `request_offsets` [R + 1] int64, and when present
-    `gate_weights` [T, L, K] float32, `token_ids` [T] int32 and `pregate_logits` [T, L, H, E]
-    float16. String metadata: `format`,
+    `gate_weights` [T, L, K] float32, `token_ids` [T] int32, `pregate_logits` [T, L, H, E]
+    float16 and `router_logits` [T, L, E] float32. String metadata: `format`,
     `version`, `meta` (TraceMeta fields as JSON) and, when present, `vocab` (JSON list).
     """
     with atomic_path(path) as tmp:
@@ -63,6 +63,8 @@ def write_trace_file(trace: RoutingTrace, path: str | os.PathLike) -> None:
         tensors["token_ids"] = np.ascontiguousarray(trace.token_ids, dtype=np.int32)
     if trace.pregate_logits is not None:
         tensors["pregate_logits"] = np.ascontiguousarray(trace.pregate_logits, dtype=np.float16)
+    if trace.router_logits is not None:
+        tensors["router_logits"] = np.ascontiguousarray(trace.router_logits, dtype=np.float32)
     metadata = {"format": FORMAT, "version": VERSION, "meta": json.dumps(dataclasses.asdict(trace.meta))}
     if trace.vocab is not None:
         metadata["vocab"] = json.dumps(list(trace.vocab), ensure_ascii=False)
@@ -154,6 +156,7 @@ def _read_trace_file(path: Path) -> RoutingTrace:
             token_ids=tensors.get("token_ids"),
             vocab=vocab,
             pregate_logits=tensors.get("pregate_logits"),
+            router_logits=tensors.get("router_logits"),
         )
     except TraceError as e:
         raise TraceError(f"{path}: {e}") from None

@@ -51,6 +51,9 @@ class RoutingTrace:
             `pregate_logits[t, l, h - 1]` are the router logits that MoE layer l + h's router gives
             to the hidden state entering MoE layer l's router (token t), for h = 1..H; NaN where
             l + h >= L. Written by `seqmoe.collect` with `pregate=H`.
+        router_logits: optional [T, L, E] float32, each layer's own router logits for token t
+            (what cache-aware routing compares experts by). Written by `seqmoe.collect` with
+            `router_logits=True`.
     """
 
     expert_ids: np.ndarray
@@ -60,6 +63,7 @@ class RoutingTrace:
     token_ids: np.ndarray | None = None
     vocab: tuple[str, ...] | None = None
     pregate_logits: np.ndarray | None = None
+    router_logits: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         ids = self.expert_ids
@@ -104,6 +108,10 @@ class RoutingTrace:
                 raise TraceError(f"pregate_logits shape {pre.shape} is not [T={T}, L={L}, H>0, E={E}]")
             if not np.issubdtype(pre.dtype, np.floating):
                 raise TraceError(f"pregate_logits must be floating point, got {pre.dtype}")
+        own = self.router_logits
+        if own is not None and (own.shape != (T, L, E) or not np.issubdtype(own.dtype, np.floating)):
+            raise TraceError(f"router_logits must be a floating [T={T}, L={L}, E={E}] array, got {own.dtype} "
+                             f"{own.shape}")
 
     @property
     def num_tokens(self) -> int:
@@ -153,6 +161,7 @@ class RoutingTrace:
             gate_weights=None if self.gate_weights is None else self.gate_weights[idx],
             token_ids=None if self.token_ids is None else self.token_ids[idx],
             pregate_logits=None if self.pregate_logits is None else self.pregate_logits[idx],
+            router_logits=None if self.router_logits is None else self.router_logits[idx],
         )
 
     def head(self, num_tokens: int) -> RoutingTrace:
@@ -167,6 +176,7 @@ class RoutingTrace:
             gate_weights=None if self.gate_weights is None else self.gate_weights[:n],
             token_ids=None if self.token_ids is None else self.token_ids[:n],
             pregate_logits=None if self.pregate_logits is None else self.pregate_logits[:n],
+            router_logits=None if self.router_logits is None else self.router_logits[:n],
         )
 
 

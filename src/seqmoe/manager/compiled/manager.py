@@ -9,12 +9,12 @@ import numpy as np
 from seqmoe.cache.forecast import ForecastPolicy, discount_table
 from seqmoe.cache.lru import LRUPolicy
 from seqmoe.errors import UserError
-from seqmoe.manager.compiled import engine, recency, step
+from seqmoe.manager.compiled import engine, ops, recency, step
 from seqmoe.manager.compiled.layout import (
     CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, EV_DEMAND, EV_EVICT, EV_OFF_POOL, EV_PREFETCH, EV_PROMOTE, E_, FLOOR,
     F_FIRST, GEOM, HOST, HOST_END, HOST_S, HOST_SERVED, IN_PLACE, JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_,
     MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB, MISS, MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES,
-    NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PF_QUEUED, POLICY, POLICY_FORECAST,
+    NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PENDING, PF_QUEUED, POLICY, POLICY_FORECAST,
     POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE, PREFETCH_NONE, PRESENT, QSEQ,
     READS, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
 )
@@ -267,6 +267,11 @@ class CompiledManager(ManagerBase):
         view = self.I[PRESENT].view()
         view.flags.writeable = False
         return view
+
+    def readable_mask(self, now: float) -> np.ndarray:
+        """[L * E] bool: resident with its copy done by `now` (`MemoryManager.readable_mask`)."""
+        ops.finish_copies(*self._state, now, self.buf)
+        return (self.I[PRESENT] == 1) & (self.I[PENDING] == 0)
 
     def finish(self) -> None:
         engine.advance(*self._state, np.inf, self.buf)

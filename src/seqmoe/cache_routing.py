@@ -1,7 +1,8 @@
 """Cache-aware routing: a routed expert that is not in the pool may be swapped for a resident expert
 of the same layer that the router scored close to it, within a per-token quality budget.
 
-    rt = seqmoe.offload(model, 0.25, routing="cache-aware", max_kl=0.05)
+    rt = seqmoe.offload(model, 0.25, routing="cache-aware", max_kl=0.05)      # live
+    seqmoe sim ... --routing cache-aware --max-kl 0.05                          # replayed (traces with router_logits)
 
 Exact by default (`routing="exact"`). The router's distribution at a position is P = softmax of
 its logits over the E experts. Routing to a resident expert c instead of a missing routed expert e
@@ -13,6 +14,11 @@ likely resident expert the router did not pick, while the token's budget holds. 
 the router's own rule applied to the new set: the softmax probabilities, renormalised over the
 set when the router renormalises its top-k (seqmoe-tiny, Mixtral), scaled alike otherwise.
 
+The simulator replays the rule on a trace's recorded router logits (`RoutingTrace.router_logits`)
+against its own pool. A substitution there changes the layer it happens in; the later routing is
+the recorded one, where live the substituted expert's output would shift the next layers' inputs a
+little (the runtime measures that cost; the replay counts misses and KL).
+
 Only routers whose top-k weights are softmax(logits) of the chosen experts (times one factor) can
 be served; others raise UserError at the first call. Cache-conditional experts (Skliar et al.)
 and Strata's resident bias are the anchors; their budgets are a bias on the scores, ours a KL.
@@ -20,11 +26,17 @@ and Strata's resident bias are the anchors; their budgets are a bias on the scor
 
 from __future__ import annotations
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from seqmoe.config import ROUTINGS
+import numpy as np
+
 from seqmoe.errors import UserError
+
+if TYPE_CHECKING:
+    import torch
+
+ROUTINGS = ("exact", "cache-aware")
+"""The routing modes; the first is the default."""
 
 
 def check_routing(routing: str, max_kl: float | None) -> None:
@@ -56,27 +68,40 @@ class CacheAwareRouting:
         self.tokens = 0
 
     def __call__(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
-        """(weights, ids) to route with at `layer`: the router's, or with substitutions."""
+        """(weights, ids) to route with at `layer`: the router's, or with substitutions (tensors)."""
+        import torch
+
+        got = self.substitute(layer, lambda: logits.detach().double().cpu().numpy(),
+                              lambda: weights.detach().double().cpu().numpy(), ids.detach().cpu().numpy())
+        if got is None:
+            return weights, ids
+        new_w, new_idx = got
+        return torch.as_tensor(new_w, dtype=weights.dtype).to(weights.device), \
+            torch.as_tensor(new_idx, dtype=ids.dtype).to(ids.device)
+
+    def substitute(self, layer: int, logits, weights, ids: np.ndarray):
+        """The rule on host arrays: `ids` [N, K]; `logits`, `weights`: callables giving [N, E] and
+        [N, K] float64 (asked only when some routed expert is missing). (new weights, new ids), or
+        None when nothing changes."""
         n = ids.shape[0]
         if layer == 0:  # a forward's first MoE layer: its positions are new tokens
             self._used = np.zeros(n)
             self.tokens += n
-        self.activations += ids.numel()
+        self.activations += ids.size
         missing = self._missing(layer)
-        idx = ids.detach().cpu().numpy().astype(np.int64)
+        idx = ids.astype(np.int64)
         if not missing[idx].any():
-            return weights, ids
-        p = torch.softmax(logits.detach().double().cpu(), dim=-1).numpy()  # [N, E]
-        w = weights.detach().double().cpu().numpy()
+            return None
+        z = logits()
+        p = np.exp(z - z.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)  # [N, E], the router's softmax
         resident = self._resident(layer)
         new_idx, changed = idx.copy(), False
         for i in range(n):
             changed |= self._substitute(p[i], new_idx[i], missing, resident, i)
         if not changed:
-            return weights, ids
-        new_w = self._weights(p, idx, w, new_idx)
-        return torch.as_tensor(new_w, dtype=weights.dtype).to(weights.device), \
-            torch.as_tensor(new_idx, dtype=ids.dtype).to(ids.device)
+            return None
+        return self._weights(p, idx, weights(), new_idx), new_idx
 
     def _substitute(self, p: np.ndarray, sel: np.ndarray, missing: np.ndarray, resident: np.ndarray, i: int) -> bool:
         free = resident.copy()
@@ -113,4 +138,4 @@ class CacheAwareRouting:
         """substitution_rate (of routed activations), mean_kl (nats per token), and the counts."""
         return {"routing": "cache-aware", "max_kl": self.max_kl, "substitutions": self.substitutions,
                 "substitution_rate": self.substitutions / self.activations if self.activations else 0.0,
-                "mean_kl": self.kl_total / self.tokens if self.tokens else 0.0}
+                "mean_kl": float(self.kl_total / self.tokens) if self.tokens else 0.0}
