@@ -149,11 +149,11 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             nats of KL divergence from the router's distribution (`cache_routing`; inline only).
         miss: how a miss is served (`seqmoe.manager.paths`): "copy" into a slot, "in-place"
             (read from its host row, no slot), "cpu" (computed on the host CPU by
-            `host_exec.HostExecutor` while the device computes the rest; with control="thread" on the
-            CPU backend only, through `host_relay`) or "auto"
-            (chosen per miss from the cost model's link and host, measured by default). Default:
-            `DEFAULT_RUNTIME_MISS` with inline control, "copy" with control="thread". Systems that
-            fix their own path (`cpu-all`, `static-split-style`) ignore it.
+            `host_exec.HostExecutor` while the device computes the rest; with control="thread"
+            through `host_relay`, on the CPU backend only) or "auto" (chosen per miss from the cost
+            model's link and host, measured by default). Default: `DEFAULT_RUNTIME_MISS` with
+            inline control, "copy" with control="thread". Systems that fix their own path
+            (`cpu-all`, `static-split-style`) ignore it.
     """
     check_routing(routing, max_kl)
     if miss is not None:
