@@ -11,6 +11,9 @@
 #   python -c "from seqmoe.trace.io import load_trace, save_trace; save_trace(load_trace('results/ds/train.safetensors').head(40000), 'results/carry/ds-train.safetensors')"
 #   cp results/ds/test.safetensors results/carry/ds-test.safetensors; cp -r results/ds/predictor results/carry/ds-predictor
 # and the Mixtral routing (results/carry/mixtral/*_routing.jsonl from ../shared). Not yet run on a GPU.
+# The miss paths of issue 15 (MISSPATHS=1 CHECKS=0 CPU_SUITE=0, the same carry, about 8 minutes): the host
+# path's exactness on CUDA, and the real-size DeepSeek harness with inline control (eager decode; the captured
+# step cannot yet wait on the host) with every miss copied against auto, and cpu-all.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device}
@@ -39,6 +42,21 @@ PRED=results/carry/predictor
     echo "== real size: Mixtral-8x7B shapes, its first 16 of 32 layers (host memory for the pinned experts)"
     timeout 150 python3 benchmarks/realsize.py --arch mixtral-8x7b --device cuda --layers 16 --trace $C/mixtral \
         --systems on-demand-lru,moe-infinity-style,belady,oracle-prefetch --tokens 300 --out "$OUT/realsize_mixtral.jsonl" 2>&1 | grep -v Warning
+  fi
+  if [ "${MISSPATHS:-0}" = 1 ]; then
+    C=results/carry
+    echo "== issue 15: the host CPU path on CUDA (inline control), exactness"
+    timeout 120 python3 -m pytest -q tests/runtime/test_host_path.py -k cuda -p no:cacheprovider -rs -W ignore::FutureWarning
+    echo "== issue 15: real-size DeepSeek-V2-Lite, misses copied / chosen per miss / all experts on the host CPU"
+    for MISS in copy auto; do
+      timeout 150 python3 benchmarks/realsize.py --arch deepseek-v2-lite --device cuda --trace $C/ds-test.safetensors \
+          --train $C/ds-train.safetensors --predictor $C/ds-predictor --systems on-demand-lru,seqmoe,static-split-style \
+          --residencies 0.25,0.45 \
+          --tokens 200 --control inline --miss $MISS --out "$OUT/realsize_ds_$MISS.jsonl" 2>&1 | grep -v Warning
+    done
+    timeout 120 python3 benchmarks/realsize.py --arch deepseek-v2-lite --device cuda --trace $C/ds-test.safetensors \
+        --train $C/ds-train.safetensors --systems cpu-all --residencies 0.25 --tokens 200 --control inline \
+        --out "$OUT/realsize_ds_cpu_all.jsonl" 2>&1 | grep -v Warning
   fi
   if [ "${CPU_SUITE:-1}" = 1 ]; then
     echo "== CPU suite of the runtime on this machine's transformers"

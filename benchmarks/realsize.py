@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+from seqmoe.manager.paths import MISS_PATHS
+
 DEFAULT_SYSTEMS = "on-demand-lru,seqmoe,moe-infinity-style,belady,oracle-prefetch"
 
 
@@ -50,6 +52,10 @@ def main(argv=None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--link-ratio", type=float, default=1.0, help="CPU: one copy = this x one layer's expert compute")
     p.add_argument("--threads", type=int, default=1, help="CPU threads of torch")
+    p.add_argument("--miss", choices=MISS_PATHS, default="copy", help="how misses are served: copy (default, as the real-size numbers "
+                   "were first taken), in-place, cpu or auto")
+    p.add_argument("--control", choices=("inline", "thread"), default=None, help="the runtime's control plane "
+                   "(default: the device's; on CUDA the host paths need inline, decoded eagerly)")
     p.add_argument("--out", help="JSON lines file (written whole at the end)")
     args = p.parse_args(argv)
 
@@ -90,7 +96,8 @@ def main(argv=None) -> int:
         print(f"{args.arch}: {sum(p.numel() for p in model.parameters()) / 1e9:.2f} B parameters, replaying "
               f"{replay.num_requests} requests ({replay.num_tokens} tokens)", file=sys.stderr)
         result = replay_bench(model, replay, train=train, predictor=args.predictor, systems=systems,
-                              residencies=residencies, link_ratio=args.link_ratio,
+                              residencies=residencies, link_ratio=args.link_ratio, miss=args.miss,
+                              control=args.control,
                               log=lambda line: print(line, file=sys.stderr, flush=True))
     except UserError as e:
         print(f"realsize: error: {e}", file=sys.stderr)

@@ -88,3 +88,28 @@ def test_the_default_miss_is_auto_inline_and_copy_in_a_posted_step():
             assert rt.miss == rt.stats()["miss"] == miss, control
         finally:
             rt.restore()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ["olmoe", "mixtral"])
+def test_host_computed_misses_are_exact_on_cuda(arch):
+    """Inline control on CUDA: the host computes its experts in fp32 on the CPU, the device the rest;
+    greedy tokens equal the full model's on the GPU, logits within 1e-4 (fp32, different kernels)."""
+    def decode(model):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([PROMPT], device="cuda"), max_new_tokens=8, do_sample=False,
+                                 num_beams=1, pad_token_id=0, output_logits=True, return_dict_in_generate=True)
+        return out.sequences.cpu(), torch.stack(out.logits).cpu()
+
+    tokens, logits = decode(fresh(arch).cuda())
+    model = fresh(arch)
+    rt = offload(model, 0.3, "on-demand-lru", train=reference(arch).train, device="cuda", hardware=HOST_HW,
+                 miss="cpu", control="inline")
+    try:
+        got, got_logits = decode(model)
+        experts = rt.host.experts
+    finally:
+        rt.restore()
+    assert torch.equal(got, tokens) and experts > 0
+    assert (got_logits - logits).abs().max().item() <= 1e-4

@@ -78,6 +78,16 @@ def test_the_cpu_harness_replays_exactly_and_belady_copies_least():
     assert all(r["sim_ms_per_token"] > 0 and r["ms_per_token"] > 0 for r in result["runs"])
 
 
+def test_the_cpu_harness_runs_the_host_paths_exactly():
+    replay, train = _trace([4, 8, 8], seed=1), _trace([30, 30], seed=2)
+    model = build_model("deepseek-v2-lite", width_divisor=DIVISOR, vocab_size=50)
+    result = replay_bench(model, replay, train=train, systems=("on-demand-lru", "cpu-all"), residencies=(0.25,),
+                          miss="auto")
+    auto, cpu_all = result["runs"]
+    assert auto["exact"] and cpu_all["exact"] and result["link"]["host_expert_s"] > 0
+    assert (auto["miss"], cpu_all["miss"]) == ("auto", "cpu") and cpu_all["misses_cpu"] > 0 == cpu_all["copies"]
+
+
 def test_a_mixtral_cut_to_its_first_layers_runs_on_the_cut_trace():
     replay = layers_of(_trace([3, 3], L=32, E=8, K=2), 2)
     model = build_model("mixtral-8x7b", width_divisor=64, num_layers=2, vocab_size=50)

@@ -29,6 +29,7 @@ from seqmoe.arch import cache_kwarg, model_arch
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import SYSTEMS
 from seqmoe.runtime.bench import expert_layer_seconds, measured_hardware
+from seqmoe.runtime.costs import model_host_expert_s
 from seqmoe.runtime.graph import DecodeGraph
 from seqmoe.runtime.mapped import device_view
 from seqmoe.runtime.offload import measure_profile, offload
@@ -48,13 +49,14 @@ def _decode(target, forced: ForcedRouting, replay: RoutingTrace, device, between
     """(argmax tokens per request, seconds and positions of the timed requests: all but the first).
     `between()` runs once the warm-up request is done, before the clock starts."""
     off = replay.request_offsets
-    if device.type == "cuda":
+    inline = getattr(target, "control", "thread") == "inline"  # an offloaded model with an inline control plane
+    if device.type == "cuda" and not inline:
         graph = DecodeGraph(target, max_length=int(np.diff(off).max()) + 1)
         # One forward per position: the prompt, then n - 1 decode steps (and an argmax never fed back).
         generate = lambda n: graph.generate(torch.zeros((1, 1), dtype=torch.long), max_new_tokens=n)[0, 1:].tolist()  # noqa: E731
     else:
         model = target.model if hasattr(target, "controller") else target
-        generate = lambda n: _eager(model, n)  # noqa: E731
+        generate = lambda n: _eager(model, n, device)  # noqa: E731
     outs, wall = [], 0.0
     for r, (a, b) in enumerate(zip(off[:-1].tolist(), off[1:].tolist())):
         if r == 1 and between is not None:
@@ -69,15 +71,16 @@ def _decode(target, forced: ForcedRouting, replay: RoutingTrace, device, between
     return outs, wall, int(off[-1] - off[1])
 
 
-def _eager(model, n: int) -> list[int]:
-    """Argmax after each of n one-token forwards of a new request (the CPU's inline runtime)."""
+def _eager(model, n: int, device) -> list[int]:
+    """Argmax after each of n one-token forwards of a new request (the inline runtime)."""
     from transformers import DynamicCache
 
     cache, key, out = DynamicCache(config=model.config), cache_kwarg(model), []
-    token = torch.zeros((1, 1), dtype=torch.long)  # replaced by the trace's token (ForcedRouting)
+    token = torch.zeros((1, 1), dtype=torch.long, device=device)  # replaced by the trace's token (ForcedRouting)
     with torch.no_grad():
         for t in range(n):
-            logits = model(input_ids=token, cache_position=torch.tensor([t]), use_cache=True, **{key: cache}).logits
+            logits = model(input_ids=token, cache_position=torch.tensor([t], device=device), use_cache=True,
+                           **{key: cache}).logits
             out.append(int(logits[0, -1].argmax()))
     return out
 
@@ -111,7 +114,7 @@ def measure_link(expert_bytes: int, device: torch.device, repeats: int = 10) -> 
 
 def replay_bench(model, replay: RoutingTrace, *, train: RoutingTrace | None = None, predictor=None,
                  systems=("on-demand-lru",), residencies=(0.25, 0.45, 0.65), link_ratio: float = 1.0,
-                 log=lambda line: None) -> dict:
+                 miss: str = "copy", control: str | None = None, log=lambda line: None) -> dict:
     """Time the full model and `systems` x `residencies` offloaded on the routing of `replay` (see the module doc).
 
     Args:
@@ -120,6 +123,8 @@ def replay_bench(model, replay: RoutingTrace, *, train: RoutingTrace | None = No
         train: training split of the same model's routing (start placement, statistics).
         predictor: the forecaster of the `seqmoe*` systems (checkpoint folder or `SeqPredictor`).
         link_ratio: CPU only: one expert copy takes this many times one layer's measured expert compute.
+        miss, control: `offload`'s (default: every miss copied, the device's control plane); on CUDA an
+            inline control plane decodes eagerly, where the full model's time is a captured graph's.
     """
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:
@@ -139,14 +144,17 @@ def replay_bench(model, replay: RoutingTrace, *, train: RoutingTrace | None = No
             expert_s = expert_layer_seconds(arch.moe, run_full)
         token_s = full["wall"] / full["n"]
         log(f"full load: {1e3 * token_s:.3f} ms/token over {full['n']} tokens")
+        host_s = model_host_expert_s(model)
         if device.type == "cuda":
             link = measure_link(mp.expert_bytes, device)
-            hw = measured_hardware(mp, token_s, link["expert_copy_s"], link["copy_overhead_s"], name="this GPU (measured)")
+            hw = measured_hardware(mp, token_s, link["expert_copy_s"], link["copy_overhead_s"],
+                                   name="this GPU (measured)", host_s=host_s)
         else:
             link = {"emulated": True, "ratio": link_ratio, "expert_layer_s": expert_s, "expert_copy_s": link_ratio * expert_s}
-            hw = measured_hardware(mp, token_s, link["expert_copy_s"])
-        runs = [_run(model, forced, replay, device, system, r, train, predictor, hw, full["tokens"], token_s, log)
-                for system in systems for r in residencies]
+            hw = measured_hardware(mp, token_s, link["expert_copy_s"], host_s=host_s)
+        link["host_expert_s"] = host_s
+        runs = [_run(model, forced, replay, device, system, r, train, predictor, hw, full["tokens"], token_s, log,
+                     miss, control) for system in systems for r in residencies]
     finally:
         forced.remove()
     return {"model": model.config.model_type, "layers": mp.num_layers, "experts": mp.num_experts, "top_k": mp.top_k,
@@ -156,13 +164,14 @@ def replay_bench(model, replay: RoutingTrace, *, train: RoutingTrace | None = No
             "full": {"ms_per_token": 1e3 * token_s, "tokens_per_s": 1.0 / token_s}, "runs": runs}
 
 
-def _run(model, forced, replay, device, system, r, train, predictor, hw, full_tokens, token_s, log) -> dict:
+def _run(model, forced, replay, device, system, r, train, predictor, hw, full_tokens, token_s, log, miss,
+         control) -> dict:
     if not SYSTEMS[system].needs_predictor:
         pred = None
     else:  # a checkpoint folder loads fresh; a forecaster object is copied (it keeps state)
         pred = predictor if isinstance(predictor, (str, os.PathLike)) else copy.deepcopy(predictor)
     rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=device.type == "cpu",
-                 replay=replay)
+                 replay=replay, miss=miss, control=control)
     marks = {}
     try:
         outs, wall, n = _decode(rt, forced, replay, device, between=lambda: marks.update(rt.stats()))
@@ -171,7 +180,8 @@ def _run(model, forced, replay, device, system, r, train, predictor, hw, full_to
     finally:
         rt.restore()
     sim_s = (end["time_s"] - marks["time_s"]) / (end["tokens"] - marks["tokens"])
-    row = {"system": system, "residency": r, "capacity": end["capacity"], "tokens_per_s": n / wall,
+    row = {"system": system, "residency": r, "capacity": end["capacity"], "miss": end["miss"], "control": rt.control,
+           "misses_cpu": end["misses_cpu"], "misses_in_place": end["misses_in_place"], "tokens_per_s": n / wall,
            "ms_per_token": 1e3 * wall / n, "vs_full": token_s / (wall / n), "exact": outs == full_tokens,
            "sim_ms_per_token": 1e3 * sim_s, "sim_over_measured": sim_s / (wall / n),
            "bytes_copied": end["bytes_copied"], "stall_s": end["stall_s"],
