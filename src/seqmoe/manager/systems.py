@@ -51,6 +51,8 @@ class SystemInputs:
     """The start placement every system shares."""
     predictor: object | None = None
     """A trained `SeqPredictor` for the seqmoe systems (`seqmoe.predict.cache.seq_predictor_for`)."""
+    pregate: object | None = None
+    """Pre-gate rows computed live (`seqmoe.runtime.pregate.LivePregate`), in place of `test`'s recorded ones."""
 
 
 @dataclass(frozen=True)
@@ -126,12 +128,15 @@ def baselines(with_pregate: bool = False) -> list[str]:
             and (with_pregate or not spec.needs_pregate)]
 
 
-def live_systems(with_train: bool = True, with_predictor: bool = False, with_host: bool = False) -> list[str]:
+def live_systems(with_train: bool = True, with_predictor: bool = False, with_host: bool = False,
+                 with_pregate: bool = False) -> list[str]:
     """Systems that can run live (no oracle): those that need a training trace only if `with_train`,
     those that need the seq2seq forecaster only if `with_predictor`, the host references (they need a
-    hardware profile with a host and inline control) only if `with_host`."""
+    hardware profile with a host and inline control) only if `with_host`, those that need pre-gate
+    scores (a training trace collected with them, inline control) only if `with_pregate`."""
     return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
-            and (with_train or not s.learns) and not s.needs_pregate and (with_host or s.role != "host")]
+            and (with_train or not s.learns) and (with_pregate or not s.needs_pregate)
+            and (with_host or s.role != "host")]
 
 
 def build_system(name: str, inputs: SystemInputs, miss: str = "copy") -> System:
@@ -196,7 +201,12 @@ EXPERTFLOW_THRESHOLD = 8
 
 
 def _has_pregate(inp: SystemInputs) -> bool:
-    return inp.train.pregate_logits is not None and inp.test.pregate_logits is not None
+    return inp.train.pregate_logits is not None and (inp.test.pregate_logits is not None or inp.pregate is not None)
+
+
+def _pregate_source(inp: SystemInputs):
+    """Where the replayed (or live) positions' pre-gate rows come from."""
+    return inp.pregate if inp.pregate is not None else inp.test
 
 
 def _hybrid(history, inp: SystemInputs):
@@ -206,7 +216,7 @@ def _hybrid(history, inp: SystemInputs):
     fitting = copy.deepcopy(history)
     if hasattr(fitting, "check_trace"):
         fitting.check_trace(inp.train)  # the training trace's vocabulary while the weights are fitted
-    return HybridPredictor(history, inp.test, fit_alphas(fitting, inp.train))
+    return HybridPredictor(history, _pregate_source(inp), fit_alphas(fitting, inp.train))
 
 
 def _expertflow(name: str, inp: SystemInputs, adaptive: bool, predictor=None) -> System:
@@ -231,10 +241,11 @@ def _expertflow_fixed(inp: SystemInputs) -> System:
 @register_system("expertflow-style-pregate-only", "ablation of expertflow-style: pre-gate forecast alone "
                  "(needs traces collected with --pregate)", needs_pregate=True)
 def _expertflow_pregate(inp: SystemInputs) -> System:
-    if inp.test.pregate_logits is None:
+    if inp.test.pregate_logits is None and inp.pregate is None:
         raise UserError("expertflow-style-pregate-only needs a replayed trace with pre-gate scores "
                         "(seqmoe trace collect --pregate H)")
-    return _expertflow("expertflow-style-pregate-only", inp, adaptive=True, predictor=PregatePredictor(inp.test))
+    return _expertflow("expertflow-style-pregate-only", inp, adaptive=True,
+                       predictor=PregatePredictor(_pregate_source(inp)))
 
 
 @register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction",

@@ -8,11 +8,11 @@ distance d: score = alpha_d log p_history + (1 - alpha_d) log p_pregate, alpha_d
 training trace (`fit_alphas`: the alpha of a grid that maximises recall@K at d; 1 keeps history,
 0 keeps pre-gating). Where no pre-gate row exists (the next token) the history row stands.
 
-The pre-gate rows are looked up by position in the trace being replayed, only ever the row of
-the position just observed (what the hidden state entering that layer says: the present, not the
-future), so these predictors serve offline evaluation (`evaluate_predictors`) and the simulator;
-the runtime would compute them from the live hidden state. The history forecaster may be any
-predictor (its `forecast(step, horizon)` when it has one, else `predict(step)`).
+The pre-gate rows are looked up by position, only ever the row of the position just observed
+(what the hidden state entering that layer says: the present, not the future): in the trace being
+replayed (offline evaluation, the simulator), or computed live from the hidden state by the runtime
+(`seqmoe.runtime.pregate.LivePregate`, the same numbers: `pregate_probs`). The history forecaster
+may be any predictor (its `forecast(step, horizon)` when it has one, else `predict(step)`).
 """
 
 from __future__ import annotations
@@ -30,24 +30,37 @@ ALPHAS = np.linspace(0.0, 1.0, 11)
 _FLOOR = 1e-6  # probabilities are floored before the log
 
 
-def _pregate_rows(trace: RoutingTrace) -> np.ndarray:
-    """[T * L, H, E] float32 probabilities x K of the trace's pre-gate logits (NaN rows: none)."""
-    if trace.pregate_logits is None:
-        raise UserError("this trace has no pre-gate scores; collect it with `seqmoe trace collect --pregate H`")
-    T, L, H, E = trace.pregate_logits.shape
-    z = trace.pregate_logits.astype(np.float32).reshape(T * L, H, E)
+def pregate_probs(logits: np.ndarray, top_k: int) -> np.ndarray:
+    """[..., H, E] float32 probabilities x K of float16 pre-gate logits (NaN rows stay NaN: no later layer)."""
+    z = logits.astype(np.float32)
     with np.errstate(invalid="ignore"), warnings.catch_warnings():  # all-NaN rows: no later layer
         warnings.simplefilter("ignore", RuntimeWarning)
         z = z - np.nanmax(z, axis=-1, keepdims=True)
     p = np.exp(z)
-    return p / p.sum(axis=-1, keepdims=True) * trace.top_k
+    return p / p.sum(axis=-1, keepdims=True) * top_k
+
+
+def _pregate_rows(trace: RoutingTrace) -> np.ndarray:
+    """[T * L, H, E] `pregate_probs` of the trace's pre-gate logits."""
+    if trace.pregate_logits is None:
+        raise UserError("this trace has no pre-gate scores; collect it with `seqmoe trace collect --pregate H`")
+    T, L, H, E = trace.pregate_logits.shape
+    return pregate_probs(trace.pregate_logits.reshape(T * L, H, E), trace.top_k)
 
 
 class PregatePredictor:
-    """Forecast the rest of the current token from the pre-gate scores of the position just observed."""
+    """Forecast the rest of the current token from the pre-gate scores of the position just observed.
 
-    def __init__(self, trace: RoutingTrace) -> None:
-        self.rows, self.L = _pregate_rows(trace), trace.num_layers
+    Args:
+        source: a trace with pre-gate scores, or live rows (an object with `num_layers` and
+            `row(step)` -> [H, E], as `seqmoe.runtime.pregate.LivePregate`).
+    """
+
+    def __init__(self, source) -> None:
+        if isinstance(source, RoutingTrace):
+            self._row, self.L = _pregate_rows(source).__getitem__, source.num_layers
+        else:
+            self._row, self.L = source.row, source.num_layers
         self._step = None
 
     def begin_request(self) -> None:
@@ -63,7 +76,7 @@ class PregatePredictor:
         if self._step is None:
             return None
         n = self.L - 1 - step % self.L  # later layers of this token
-        rows = self.rows[step, :n]
+        rows = self._row(step)[:n]
         keep = ~np.isnan(rows).any(axis=1)
         return Forecast(np.arange(step + 1, step + 1 + n, dtype=np.int64)[keep], rows[keep])
 
@@ -71,8 +84,8 @@ class PregatePredictor:
 class HybridPredictor:
     """`history` fused with pre-gating per distance (see the module doc); `alphas[d - 1]` for distance d."""
 
-    def __init__(self, history, trace: RoutingTrace, alphas: np.ndarray) -> None:
-        self.history, self.pregate = history, PregatePredictor(trace)
+    def __init__(self, history, source, alphas: np.ndarray) -> None:
+        self.history, self.pregate = history, PregatePredictor(source)  # source: see `PregatePredictor`
         self.alphas = np.asarray(alphas, dtype=np.float64)
 
     def begin_request(self) -> None:

@@ -112,6 +112,7 @@ class Controller:
         self.abandoned = 0  # tokens the state machine saw in part (a forward cut short)
         self._on_host: set[int] = set()  # uids the manager sent to the host CPU at the current reveal
         self.relay = None  # host_relay.HostRelay: the host CPU path of posted decode steps
+        self.pregate = None  # runtime.pregate.LivePregate, when the system fuses pre-gating
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = manager, pool, worker

@@ -116,6 +116,8 @@ def _router_hook(controller: Controller, layer: int):
     def hook(module, args, output):
         t0 = time.perf_counter()
         logits, weights, ids = unpack_router_output(module, output)
+        if controller.pregate is not None and args:  # the input later routers score (`runtime.pregate`)
+            controller.pregate.note_input(layer, args[0], controller.driver.tokens)
         routing = controller.routing
         if routing is not None:  # cache-aware routing (inline only): the block computes what is returned
             weights, ids = routing(layer, logits, weights, ids)

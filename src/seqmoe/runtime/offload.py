@@ -48,15 +48,21 @@ from seqmoe.runtime.handle import OffloadRuntime
 from seqmoe.runtime.hooks import install_hooks
 from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.pregate import LivePregate
+from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.signals import shield_off, shield_on
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
 
 __all__ = ["offload", "OffloadRuntime", "measure_profile"]
 
 
+_LIVE = dict(with_predictor=True, with_host=True, with_pregate=True)
+"""What `offload` can run live: every system that reads no future."""
+
+
 def _check_system(system: str, train: RoutingTrace | None, predictor, replay: RoutingTrace | None) -> None:
-    choices = ", ".join(live_systems(with_predictor=True, with_host=True))
-    spec = system_spec(system, None if replay is not None else live_systems(with_predictor=True, with_host=True))
+    choices = ", ".join(live_systems(**_LIVE))
+    spec = system_spec(system, None if replay is not None else live_systems(**_LIVE))
     if spec.reads_future and replay is None:
         raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: {choices}")
     if spec.needs_predictor and predictor is None:
@@ -65,6 +71,9 @@ def _check_system(system: str, train: RoutingTrace | None, predictor, replay: Ro
     if spec.learns and train is None:
         raise UserError(f"system {system!r} learns from a routing trace of this model: pass train=RoutingTrace "
                         "(seqmoe.collect.collect_trace), or choose one of: " + ", ".join(live_systems(with_train=False)))
+    if spec.needs_pregate and (train is None or train.pregate_logits is None):
+        raise UserError(f"system {system!r} fuses pre-gating: pass a train= trace collected with pre-gate scores "
+                        "(seqmoe trace collect --pregate H), whose fusion weights it fits")
 
 
 def _load_predictor(predictor, L: int, E: int, K: int):
@@ -121,7 +130,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
     Args:
         model: modified in place (its `experts` submodules, hooks); `runtime.restore()` undoes it.
         residency: r in (0, 1]: C = floor(r x L x E) slots; C must hold one layer's top-k experts.
-        system: a live system (`live_systems(with_predictor=True, with_host=True)`): eviction policy + predictor + prefetch scheduler.
+        system: a live system (`live_systems(**_LIVE)`): eviction policy + predictor + prefetch scheduler.
         device: where the pool and the rest of the model live (default: the model's device).
         predictor: the seq2seq forecaster of the `seqmoe*` systems: a checkpoint folder (`seqmoe train`
             on a trace of this model) or a `SeqPredictor`; ignored by the other systems. It is fed
@@ -187,6 +196,8 @@ class _Plan:
     meta: TraceMeta
     system_name: str
     residency: float
+    pregate: LivePregate | None
+    """The live pre-gate rows the system reads (the router hooks note their inputs), or None."""
 
 
 def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control, replay,
@@ -220,8 +231,11 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
+    # Pre-gate rows computed live, for the systems that fuse them (their weights fitted on `train`'s).
+    pregate = None if train is None or train.pregate_logits is None else LivePregate(
+        [m.router for m in layers], train.pregate_logits.shape[2], E, K)
     sys_obj = build_system(system, SystemInputs(train=train or dims, test=replay or dims, capacity=C, start=tuple(start),
-                                                predictor=predictor), miss)
+                                                predictor=predictor, pregate=pregate), miss)
     measure = hardware == MEASURED or (hardware is None and _on_host_cpu(sys_obj))
     if measure and (bandwidth is not None or emulate_link):
         raise UserError("a measured cost model takes its link from this machine: give hardware= a profile to use "
@@ -235,11 +249,17 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
         # bookkeeping is the cheapest); skip their per-layer work.
         sys_obj = dataclasses.replace(sys_obj, policy=LRUPolicy(), predictor=None, prefetcher=None)
+    if not isinstance(sys_obj.predictor, (HybridPredictor, PregatePredictor)):
+        pregate = None  # nothing reads it: the router hooks keep no input
+    elif control != "inline":
+        raise UserError(f"system {system!r} fuses pre-gating, computed from the live hidden states: it runs with "
+                        "control='inline'")
     meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({system}, residency {residency})",
                      extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
                             "system": system, "capacity": C})
-    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, system, residency)
+    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, system, residency,
+                 pregate)
 
 
 def _on_host_cpu(system) -> bool:
@@ -283,6 +303,7 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
         if plan.measure:
             hw = _measured(hw, model, plan, hosts, host)
         controller = Controller(plan.system, L, E, K, plan.meta)
+        controller.pregate = plan.pregate
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
         worker = CopyWorker(pool)
         undo.push(worker.close)
