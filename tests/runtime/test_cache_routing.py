@@ -78,9 +78,45 @@ def test_bad_settings_say_what_is_wrong(routing, max_kl, match):
         check_routing(routing, max_kl)
 
 
-def test_cache_aware_routing_needs_the_inline_control_plane():
-    with pytest.raises(UserError, match="control='inline'"):
-        offload(fresh("olmoe"), 0.5, "on-demand-lru", control="thread", routing="cache-aware", max_kl=0.1)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_posted_step_refuses_cache_aware_routing():
+    with pytest.raises(UserError, match="CPU backend only"):
+        offload(fresh("olmoe"), 0.5, "on-demand-lru", device="cuda", control="thread", routing="cache-aware",
+                max_kl=0.1)
+
+
+def test_posted_decode_steps_substitute_and_the_simulator_counts_the_same():
+    """control="thread" on the CPU: the router hooks of posted steps apply the rule before posting, so
+    the trace holds the routing the model ran, and replaying it gives the runtime's counts."""
+    from seqmoe.manager.systems import SystemInputs, build_system
+    from seqmoe.sim import simulate
+    from tests.runtime.conftest import TEST_HW, greedy
+
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, control="thread", routing="cache-aware", max_kl=5.0,
+                 hardware=TEST_HW)
+    rule, posted = rt.controller.routing, []
+    substitute = rule.substitute
+
+    def counted(*args):  # substitutions made inside posting decode steps
+        before = rule.substitutions
+        out = substitute(*args)
+        if rt.controller.posting:
+            posted.append(rule.substitutions - before)
+        return out
+
+    rule.substitute = counted
+    try:
+        greedy(model, new_tokens=12)
+        s, trace = rt.stats(), rt.trace()
+    finally:
+        rt.restore()
+    assert s["control"] == "thread" and sum(posted) > 0
+    system = build_system("on-demand-lru", SystemInputs(train=ref.train, test=trace, capacity=rt.capacity,
+                                                        start=tuple(rt.start)), rt.miss)
+    c = simulate(trace, system, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
+    assert (s["ready"], s["late"], s["misses"]) == (c.ready, c.late, c.misses)
 
 
 def test_zero_budget_is_exact_and_a_budget_saves_misses():

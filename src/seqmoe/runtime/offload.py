@@ -155,7 +155,8 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             vocabulary as the simulator does, and the oracle systems may read its future.
         routing: "exact" (default) or "cache-aware": a missing routed expert may be swapped for a
             resident one the router scored close to it, each token spending at most `max_kl`
-            nats of KL divergence from the router's distribution (`cache_routing`; inline only).
+            nats of KL divergence from the router's distribution (`cache_routing`; with
+            control="thread" on the CPU backend only: its router hooks read the pool's host state).
         miss: how a miss is served (`seqmoe.manager.paths`): "copy" into a slot, "in-place"
             (read from its host row, no slot), "cpu" (computed on the host CPU by
             `host_exec.HostExecutor` while the device computes the rest; with control="thread"
@@ -172,9 +173,9 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
     if _on_host_cpu(plan.system) and plan.control == "thread" and plan.device.type == "cuda":
         raise UserError(f"miss={plan.system.miss!r} with control='thread' runs on the CPU backend only (a CUDA decode "
                         "step cannot yet wait on the host's outputs); use control='inline', or miss='copy' / 'in-place'")
-    if routing != "exact" and plan.control != "inline":
-        raise UserError("cache-aware routing runs with control='inline' (the posted decode step does not yet "
-                        "substitute on the device)")
+    if routing != "exact" and plan.control == "thread" and plan.device.type == "cuda":
+        raise UserError("cache-aware routing with control='thread' runs on the CPU backend only (a CUDA decode step "
+                        "would have to substitute on the device); use control='inline'")
     return _assemble(model, plan, emulate_link, max_kl if routing != "exact" else None)
 
 
