@@ -168,7 +168,8 @@ def run_generate(args) -> int:
     print(f"\n{new.numel()} tokens in {wall:.2f} s ({new.numel() / wall:.1f} tokens/s) on {stats['device']}, "
           f"system {args.system}, residency {args.residency} ({stats['capacity']} of "
           f"{stats['num_layers'] * stats['num_experts']} experts in device slots)")
-    print(f"hit rate {stats['hit_rate']:.3f} (ready {stats['ready']}, late {stats['late']}, misses {stats['misses']}); "
+    print(f"hit rate {stats['hit_rate']:.3f} (ready {stats['ready']}, late {stats['late']}, misses {stats['misses']}: "
+          f"--miss {stats['miss']}, {stats['misses_cpu']} on the host CPU, {stats['misses_in_place']} read in place); "
           f"{stats['copies']} expert copies ({_mib(stats['bytes_copied'])})")
     print(f"memory: experts on device {_mib(stats['device_expert_bytes'])}, on host {_mib(stats['host_expert_bytes'])}; "
           f"dense layers {_mib(dense)}")
