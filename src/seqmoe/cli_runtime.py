@@ -173,6 +173,9 @@ def run_generate(args) -> int:
           f"{stats['copies']} expert copies ({_mib(stats['bytes_copied'])})")
     print(f"memory: experts on device {_mib(stats['device_expert_bytes'])}, on host {_mib(stats['host_expert_bytes'])}; "
           f"dense layers {_mib(dense)}")
+    host = stats["host_expert_s"]
+    print(f"cost model: {runtime.hardware.name}: {1e6 * stats['copy_time_s']:.1f} us per expert copy"
+          + (f", {1e6 * host:.1f} us per expert on the host CPU" if host is not None else ""))
     if args.json:
         print(json.dumps(stats))
     return 0

@@ -88,6 +88,7 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         "tokens_per_s": c.num_tokens / c.time_s if c.time_s else 0.0,
         "decision_us_per_token": per_token(c.decision_s),
         "copy_time_s": c.copy_time_s,
+        "host_expert_s": c.host_expert_s,
         **(c.routing or {}),
     }
     if belady_misses is not None:
