@@ -29,14 +29,14 @@ import time
 
 import torch
 
-from seqmoe.arch import cache_kwarg
-from seqmoe.config import COMPARED_SYSTEMS, DEFAULT_SYSTEM
+from seqmoe.arch import cache_kwarg, model_arch
+from seqmoe.config import COMPARED_SYSTEMS
 from seqmoe.errors import UserError
 from seqmoe.host_cost import host_fields
 from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
 from seqmoe.profiles import HardwareProfile, ModelProfile, full_load_token_s
 from seqmoe.runtime.costs import model_host_expert_s
-from seqmoe.runtime.offload import offload
+from seqmoe.runtime.offload import measure_profile, offload
 from seqmoe.trace.schema import RoutingTrace
 
 PROMPTS = (
@@ -187,9 +187,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
             raise UserError("without train= the bench collects a trace over text prompts: give a tokenizer")
         log(f"collecting a routing trace over {len(TRAIN_PROMPTS)} training prompts")
         train = collect_trace(model, list(TRAIN_PROMPTS), tokenizer, mode="decode", new_tokens=new_tokens)
-    probe = offload(model, 1.0, DEFAULT_SYSTEM, miss="copy")  # the measured model profile (bytes), then undo
-    mp = probe.model_profile
-    probe.restore()
+    arch = model_arch(model)
+    mp = measure_profile(model, arch, arch.layout(arch.moe[0].experts))  # what offload would measure
     host_s = model_host_expert_s(model)
     hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s, host_s=host_s)
     if any(ALL[s].needs_predictor for s in systems):

@@ -15,6 +15,7 @@ import dataclasses
 import statistics
 import time
 
+import numpy as np
 import torch
 
 from seqmoe.host_cost import host_fields
@@ -45,17 +46,17 @@ def _sync(device: torch.device):
 
 def measure_link(row: torch.Tensor, device: torch.device) -> tuple[float, float]:
     """(bytes per second, fixed seconds per copy) of copying host `row` (one packed expert) into
-    device memory: a full copy and a `SMALL_BYTES` one, a line through the two."""
+    device memory: copies of `SMALL_BYTES`, a quarter, a half and all of it, a least-squares line
+    through their times (time = overhead + bytes / bandwidth)."""
     dst = torch.empty_like(row, device=device)
-    small = max(1, SMALL_BYTES // row.element_size())
+    n, size = row.numel(), row.element_size()
+    counts = sorted({max(1, SMALL_BYTES // size), max(1, n // 4), max(1, n // 2), n})
     sync = _sync(device)
-    full_s = _median_s(lambda: dst.copy_(row, non_blocking=True), sync)
-    small_s = _median_s(lambda: dst[:small].copy_(row[:small], non_blocking=True), sync)
-    nbytes, sbytes = row.numel() * row.element_size(), small * row.element_size()
-    if full_s <= small_s:  # too fast to tell the two apart: all of it counts as bandwidth
-        return nbytes / max(full_s, 1e-9), 0.0
-    rate = (nbytes - sbytes) / (full_s - small_s)
-    return rate, max(0.0, small_s - sbytes / rate)
+    times = [_median_s(lambda k=k: dst[:k].copy_(row[:k], non_blocking=True), sync) for k in counts]
+    slope, overhead = np.polyfit(np.array(counts, float) * size, np.array(times), 1)
+    if slope <= 0:  # too fast to tell the sizes apart: all of it counts as bandwidth
+        return n * size / max(times[-1], 1e-9), 0.0
+    return 1.0 / slope, max(0.0, float(overhead))
 
 
 def measure_host_expert_s(executor, twin, layout, host_rows: torch.Tensor, hidden_size: int, top_k: int,

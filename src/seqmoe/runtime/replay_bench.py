@@ -29,6 +29,7 @@ from seqmoe.arch import cache_kwarg, model_arch
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import SYSTEMS
 from seqmoe.runtime.bench import expert_layer_seconds, measured_hardware
+from seqmoe.runtime import costs
 from seqmoe.runtime.costs import model_host_expert_s
 from seqmoe.runtime.graph import DecodeGraph
 from seqmoe.runtime.mapped import device_view
@@ -98,18 +99,16 @@ def _event_seconds(fn, repeats: int) -> float:
 
 
 def measure_link(expert_bytes: int, device: torch.device, repeats: int = 10) -> dict:
-    """The link as the runtime uses it: pinned host -> device copies of 1/4 .. 2 experts (per-copy
-    overhead and bandwidth from a least-squares line, time = overhead + bytes / bandwidth), and a
-    device kernel reading one expert in place from mapped host memory (a miss served in place)."""
-    sizes = [max(expert_bytes // 4, 1), expert_bytes // 2, expert_bytes, 2 * expert_bytes]
-    host = torch.empty(sizes[-1], dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(sizes[-1], dtype=torch.uint8, device=device)
-    times = [_event_seconds(lambda n=n: dev[:n].copy_(host[:n], non_blocking=True), repeats) for n in sizes]
-    slope, overhead = np.polyfit(np.array(sizes, float), np.array(times), 1)
+    """The link as the runtime uses it: pinned host -> device copies (`costs.measure_link`: per-copy
+    overhead and bandwidth), and a device kernel reading one expert in place from mapped host memory
+    (a miss served in place)."""
+    host = torch.empty(expert_bytes, dtype=torch.uint8, pin_memory=True)
+    rate, overhead = costs.measure_link(host, device)
+    dev = torch.empty(expert_bytes, dtype=torch.uint8, device=device)
     mapped = device_view(host, device)
-    read_s = _event_seconds(lambda: dev[:expert_bytes].copy_(mapped[:expert_bytes]), repeats)
-    return {"sizes": sizes, "seconds": times, "h2d_bytes_per_s": 1.0 / slope, "copy_overhead_s": max(overhead, 0.0),
-            "expert_copy_s": times[2], "in_place_read_s": read_s, "in_place_bytes_per_s": expert_bytes / read_s}
+    read_s = _event_seconds(lambda: dev.copy_(mapped), repeats)
+    return {"h2d_bytes_per_s": rate, "copy_overhead_s": overhead, "expert_copy_s": overhead + expert_bytes / rate,
+            "in_place_read_s": read_s, "in_place_bytes_per_s": expert_bytes / read_s}
 
 
 def replay_bench(model, replay: RoutingTrace, *, train: RoutingTrace | None = None, predictor=None,
