@@ -61,12 +61,13 @@ def test_host_path_needs_a_host_and_a_known_path():
         offload(fresh("mixtral"), 0.3, "on-demand-lru", miss="gpu")
 
 
+@pytest.mark.parametrize("control", ["inline", "thread"])  # thread: the posted step's host path (`host_relay`)
 @pytest.mark.parametrize(("system", "miss"), RUNS)
-def test_host_path_counts_equal_the_simulators(system, miss):
+def test_host_path_counts_equal_the_simulators(system, miss, control):
     """Replaying the runtime's trace with `simulate` (same system, miss path, cost model) gives the same counts."""
     ref = reference("olmoe")
     model = fresh("olmoe")
-    rt = offload(model, 0.3, system, train=ref.train, hardware=HOST_HW, miss=miss)
+    rt = offload(model, 0.3, system, train=ref.train, hardware=HOST_HW, miss=miss, control=control)
     try:
         _decode(model)
         s = rt.stats()

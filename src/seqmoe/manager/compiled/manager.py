@@ -251,10 +251,6 @@ class CompiledManager(ManagerBase):
     def host_end(self) -> float:
         return float(self.G[HOST_END])
 
-    @host_end.setter
-    def host_end(self, t: float) -> None:
-        self.G[HOST_END] = t
-
     def add_stall(self, seconds: float) -> None:
         self.G[STALL] += seconds
 
