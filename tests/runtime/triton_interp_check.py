@@ -23,10 +23,18 @@ def check_resolve_and_gather(k: dict) -> None:
     table = torch.tensor([0, 2, -1, -1, 1], dtype=torch.int32)
     ids, reads = torch.tensor([4, 3, 0]), torch.zeros(2, dtype=torch.int64)
     slots, out = torch.empty(3, dtype=torch.int32), torch.empty(3, 3000)
-    k["resolve"][(1,)](table, ids, slots, reads, 3, BK=4)
+    k["resolve"][(1,)](table, ids, ids, slots, reads, 3, HAS_SKIP=False, BK=4)
     k["gather"][(3, -(-3000 // 1024))](pool, host, slots, ids, out, 3000, BLOCK=1024)
     assert slots.tolist() == [1, -1, 0] and reads.tolist() == [2, 1]
     assert torch.equal(out, torch.stack([pool[1], host[3], pool[0]]))
+    skip = torch.tensor([False, True, False])  # the host computes the second: neither source is read
+    k["resolve"][(1,)](table, ids, skip, slots, reads, 3, HAS_SKIP=True, BK=4)
+    k["gather"][(3, -(-3000 // 1024))](pool, host, slots, ids, out, 3000, BLOCK=1024)
+    assert slots.tolist() == [1, -2, 0] and reads.tolist() == [4, 1]
+    assert torch.equal(out, torch.stack([pool[1], torch.zeros(3000), pool[0]]))
+    want_slots, want_reads = torch.empty(3, dtype=torch.int32), torch.tensor([2, 1])
+    mapped._resolve(table, ids, skip, want_slots, want_reads)  # the torch ops agree
+    assert torch.equal(want_slots, slots) and want_reads.tolist() == [4, 1]
 
 
 def _posted(k: dict | None) -> tuple:

@@ -31,8 +31,8 @@ class _CudaArray:
 
     def __init__(self, host: torch.Tensor) -> None:
         self.host = host  # kept alive as long as the view (torch holds a reference to this object)
-        typestr = {torch.float32: "<f4", torch.float16: "<f2", torch.int32: "<i4", torch.int64: "<i8",
-                   torch.int16: "<i2", torch.uint8: "|u1"}.get(host.dtype)
+        typestr = {torch.float64: "<f8", torch.float32: "<f4", torch.float16: "<f2", torch.int32: "<i4",
+                   torch.int64: "<i8", torch.int16: "<i2", torch.int8: "|i1", torch.uint8: "|u1"}.get(host.dtype)
         if typestr is None:  # bfloat16 has no typestr: viewed as int16 and reinterpreted by the caller
             raise TypeError(f"no array-interface type for {host.dtype}")
         self.__cuda_array_interface__ = {"shape": tuple(host.shape), "typestr": typestr,
@@ -59,24 +59,36 @@ def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
-                reads: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
-    """out[i] = pool[table[ids[i]]] when that slot is >= 0, else host[ids[i]]; reads[0] += slot reads,
-    reads[1] += host reads. `host` and `table` as the device sees them (`device_view`); `slots`
-    [n] int32 device scratch for the resolved entries (allocated when None)."""
+                reads: torch.Tensor, slots: torch.Tensor | None = None,
+                skip: torch.Tensor | None = None) -> torch.Tensor:
+    """out[i] = pool[table[ids[i]]] when that slot is >= 0, else host[ids[i]], or zeros where `skip`
+    [n] bool (rows nobody needs: nothing is read); reads[0] += slot reads, reads[1] += host reads.
+    `host` and `table` as the device sees them (`device_view`); `slots` [n] int32 device scratch,
+    given the resolved entries (-1: from the host, -2: skipped; allocated when None)."""
+    n, p = out.shape
+    if slots is None:
+        slots = torch.empty((n,), dtype=torch.int32, device=out.device)
     if out.device.type == "cuda" and _kernels() is not None:
-        n, p = out.shape
-        if slots is None:
-            slots = torch.empty((n,), dtype=torch.int32, device=out.device)
-        _kernels()["resolve"][(1,)](table, ids, slots, reads, n, BK=max(2, 1 << (n - 1).bit_length()))
+        _kernels()["resolve"][(1,)](table, ids, skip if skip is not None else ids, slots, reads, n,
+                                    HAS_SKIP=skip is not None, BK=max(2, 1 << (n - 1).bit_length()))
         _kernels()["gather"][(n, -(-p // _BLOCK))](pool, host, slots, ids, out, p, BLOCK=_BLOCK)
         return out
-    slots = table.index_select(0, ids)
-    hit = slots >= 0
-    torch.where(hit.unsqueeze(1), pool.index_select(0, slots.clamp(min=0).long()), host.index_select(0, ids), out=out)
-    missed = (~hit).sum()
-    reads[1:].add_(missed)
-    reads[:1].add_(ids.shape[0] - missed)
+    _resolve(table, ids, skip, slots, reads)
+    hit = (slots >= 0).unsqueeze(1)
+    torch.where(hit, pool.index_select(0, slots.clamp(min=0).long()), host.index_select(0, ids), out=out)
+    if skip is not None:
+        out.masked_fill_(skip.unsqueeze(1), 0)
     return out
+
+
+def _resolve(table: torch.Tensor, ids: torch.Tensor, skip: torch.Tensor | None, slots: torch.Tensor,
+                  reads: torch.Tensor) -> None:
+    """The resolve kernel's result with torch ops: slots[i] = table[ids[i]] (-2 where skipped), reads counted."""
+    torch.index_select(table, 0, ids, out=slots)
+    if skip is not None:
+        slots.masked_fill_(skip, -2)
+    reads[:1].add_((slots >= 0).sum())
+    reads[1:].add_((slots == -1).sum())
 
 
 def post_kernel(device: torch.device):
@@ -110,14 +122,16 @@ def _build_kernels() -> dict:
     import triton.language as tl
 
     @triton.jit
-    def resolve(table, ids, slots, reads, K, BK: tl.constexpr):
+    def resolve(table, ids, skip, slots, reads, K, HAS_SKIP: tl.constexpr, BK: tl.constexpr):
         k = tl.arange(0, BK)
         m = k < K
         e = tl.load(ids + k, mask=m, other=0).to(tl.int64)
         s = tl.load(table + e, mask=m, other=0, volatile=True)  # the host writes the table: no cached copy
+        if HAS_SKIP:
+            s = tl.where(tl.load(skip + k, mask=m, other=0) != 0, -2, s)
         tl.store(slots + k, s, mask=m)
         tl.atomic_add(reads, tl.sum((m & (s >= 0)).to(tl.int64), axis=0))
-        tl.atomic_add(reads + 1, tl.sum((m & (s < 0)).to(tl.int64), axis=0))
+        tl.atomic_add(reads + 1, tl.sum((m & (s == -1)).to(tl.int64), axis=0))
 
     @triton.jit
     def gather(pool, host, slots, ids, out, P, BLOCK: tl.constexpr):
@@ -129,9 +143,12 @@ def _build_kernels() -> dict:
         slot = tl.load(slots + row).to(tl.int64)
         if slot >= 0:
             vals = tl.load(pool + slot * P + cols, mask=mask)
-        else:
+            tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
+        elif slot == -1:
             vals = tl.load(host + e * P + cols, mask=mask)
-        tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
+            tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
+        else:  # skipped: nothing is read
+            tl.store(out + row.to(tl.int64) * P + cols, tl.zeros((BLOCK,), tl.float32), mask=mask)
 
     @triton.jit
     def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, K,

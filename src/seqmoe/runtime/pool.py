@@ -285,17 +285,16 @@ class ExpertPool:
         """[K, P] rows of one position's routed `ids` [K] (device tensor), with no host value read:
         each from its slot, or on a miss from the mapped host block (`mapped.gather_rows`). The
         reads are counted on the device (`device_reads`). The buffers are shared by all layers.
-        `skip` [K] bool: positions the host CPU computes (the emulated link does not charge them)."""
+        `skip` [K] bool: positions the host CPU computes (zero rows: nothing read, nothing charged)."""
         n = ids.shape[0]
         if self._staging is None or self._staging.shape[0] != n:
             self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
             self._slots_posted = torch.empty((n,), dtype=torch.int32, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
         rows = gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), self._staging,
-                           self.device_reads, self._slots_posted)
+                           self.device_reads, self._slots_posted, skip)
         if self.link_s:  # a CPU pool: the missed rows were read in place over the emulated link
-            missed = self._slots_posted < 0
-            time.sleep(int((missed if skip is None else missed & ~skip).sum()) * self.link_s)
+            time.sleep(int((self._slots_posted == -1).sum()) * self.link_s)
         return rows
 
     def missing_row(self, layer: int) -> np.ndarray:
