@@ -12,8 +12,8 @@
 #   cp results/ds/test.safetensors results/carry/ds-test.safetensors; cp -r results/ds/predictor results/carry/ds-predictor
 # and the Mixtral routing (results/carry/mixtral/*_routing.jsonl from ../shared). Not yet run on a GPU.
 # The miss paths of issue 15 (MISSPATHS=1 CHECKS=0 CPU_SUITE=0, the same carry, about 8 minutes): the host
-# path's exactness on CUDA, and the real-size DeepSeek harness with inline control (eager decode; the captured
-# step cannot yet wait on the host) with every miss copied against auto, and cpu-all.
+# path's exactness on CUDA (inline, and in posted steps, eager and captured), and the real-size DeepSeek harness
+# with its captured decode step (control thread) with every miss copied, chosen per miss, and cpu-all.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device}
@@ -45,17 +45,18 @@ PRED=results/carry/predictor
   fi
   if [ "${MISSPATHS:-0}" = 1 ]; then
     C=results/carry
-    echo "== issue 15: the host CPU path on CUDA (inline control), exactness"
-    timeout 120 python3 -m pytest -q tests/runtime/test_host_path.py -k cuda -p no:cacheprovider -rs -W ignore::FutureWarning
-    echo "== issue 15: real-size DeepSeek-V2-Lite, misses copied / chosen per miss / all experts on the host CPU"
+    echo "== issue 15: the host CPU path on CUDA, exactness (inline; posted steps, eager and captured)"
+    timeout 150 python3 -m pytest -q tests/runtime/test_host_path.py tests/runtime/test_host_relay.py -k cuda \
+        -p no:cacheprovider -rs -W ignore::FutureWarning
+    echo "== issue 15: real-size DeepSeek-V2-Lite, captured step: misses copied / chosen per miss / all on the host CPU"
     for MISS in copy auto; do
       timeout 150 python3 benchmarks/realsize.py --arch deepseek-v2-lite --device cuda --trace $C/ds-test.safetensors \
           --train $C/ds-train.safetensors --predictor $C/ds-predictor --systems on-demand-lru,seqmoe,static-split-style \
           --residencies 0.25,0.45 \
-          --tokens 200 --control inline --miss $MISS --out "$OUT/realsize_ds_$MISS.jsonl" 2>&1 | grep -v Warning
+          --tokens 200 --control thread --miss $MISS --out "$OUT/realsize_ds_$MISS.jsonl" 2>&1 | grep -v Warning
     done
     timeout 120 python3 benchmarks/realsize.py --arch deepseek-v2-lite --device cuda --trace $C/ds-test.safetensors \
-        --train $C/ds-train.safetensors --systems cpu-all --residencies 0.25 --tokens 200 --control inline \
+        --train $C/ds-train.safetensors --systems cpu-all --residencies 0.25 --tokens 200 --control thread \
         --out "$OUT/realsize_ds_cpu_all.jsonl" 2>&1 | grep -v Warning
   fi
   if [ "${CPU_SUITE:-1}" = 1 ]; then

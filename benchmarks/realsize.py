@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     p.add_argument("--miss", choices=MISS_PATHS, default="copy", help="how misses are served: copy (default, as the real-size numbers "
                    "were first taken), in-place, cpu or auto")
     p.add_argument("--control", choices=("inline", "thread"), default=None, help="the runtime's control plane "
-                   "(default: the device's; on CUDA the host paths need inline, decoded eagerly)")
+                   "(default: the device's; on CUDA inline decodes eagerly, thread runs the captured step)")
     p.add_argument("--out", help="JSON lines file (written whole at the end)")
     args = p.parse_args(argv)
 

@@ -32,7 +32,7 @@ DEFAULT_RUNTIME_RESIDENCY = 0.3
 DEFAULT_RUNTIME_MISS = "auto"
 """How an offloaded model serves misses when not told, with control="inline": chosen per miss (faster
 than copying every miss, simulated and live: docs/LOG.md). A posted decode step (control="thread")
-copies by default (its host path runs on the CPU backend only, and there it is not faster). The
+copies by default (its host path is slower there on the CPU backend, and not yet measured on a GPU). The
 simulator's protocol copies (`SimConfig.miss`)."""
 DEFAULT_RESIDENCIES = (0.1, 0.25, 0.45, 0.65, 0.9)
 """Residencies of a sweep when none are given."""

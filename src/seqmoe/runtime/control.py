@@ -240,6 +240,8 @@ class Controller:
     def begin_posted(self, token_input: torch.Tensor | None) -> None:
         """A decode step that posts its routing starts (model thread): launch it on the control
         thread; `token_input`: its input id [1], or None (DecodeGraph sets it in the captured step)."""
+        if self.relay is not None:
+            self.relay.check()  # a step's host output that never came (device side) fails the next step
         self.open_forward(posted=True)
         self.thread.launch()  # may wait for the control thread: not critical (see `_cut`)
         with critical():

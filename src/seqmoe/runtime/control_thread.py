@@ -22,10 +22,12 @@ from seqmoe.runtime.mailbox import Mailbox
 
 
 class ControlThread:
-    """Consume decode steps posted to `mailbox` into `controller` (under `lock`)."""
+    """Consume decode steps posted to `mailbox` into `controller` (under `lock`); `on_stop()` is
+    called once it stops consuming (closed or failed): waits on the device for it then end."""
 
-    def __init__(self, controller, mailbox: Mailbox, lock: threading.Lock) -> None:
+    def __init__(self, controller, mailbox: Mailbox, lock: threading.Lock, on_stop=None) -> None:
         self.controller, self.mailbox, self.lock = controller, mailbox, lock
+        self._on_stop = on_stop or (lambda: None)
         self.launched = 0  # decode steps the model thread started
         self.done = 0  # decode steps fed to the state machine
         self._cv = threading.Condition()
@@ -67,6 +69,7 @@ class ControlThread:
                 self._error = error
             self._stop = True
             self._cv.notify_all()
+        self._on_stop()
 
     @property
     def stopped(self) -> bool:
@@ -116,4 +119,5 @@ class ControlThread:
         with self._cv:
             self._stop = True
             self._cv.notify_all()
+        self._on_stop()
         self._thread.join()

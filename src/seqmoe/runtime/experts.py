@@ -235,18 +235,17 @@ class OffloadedExperts(torch.nn.Module):
 
     def _relayed(self, relay, hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """A posting decode step with the host path (`host_relay`): the positions the host computes
-        run here at weight 0 (an exact 0 added), the host's sum is added to the rest."""
+        run here at weight 0 on zero rows (an exact 0 added), the host's sum is added to the rest."""
         t0 = time.perf_counter()
-        at, step = relay.post_hidden(self.layer, hidden_states, index, weights)
-        keep = relay.keep(at, step, index)
-        object.__setattr__(self, "_skip", ~keep.view(-1))
+        weights, skip = relay.enter(self.layer, hidden_states, index, weights)
+        object.__setattr__(self, "_skip", skip)
         t1 = time.perf_counter()
         try:
-            out = self._forward(hidden_states, index, torch.where(keep, weights, 0))
+            out = self._forward(hidden_states, index, weights)
         finally:
             object.__setattr__(self, "_skip", None)
         t2 = time.perf_counter()
-        out = out + relay.host_out(at, step).to(out.dtype)
+        out = relay.leave(self.layer, out)
         self._c.host_s += (t1 - t0) + (time.perf_counter() - t2)
         return out
 

@@ -137,6 +137,8 @@ class DecodeGraph:
             self._decode_step()
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()
+        if self.runtime is not None and self.runtime.controller.relay is not None:
+            self.runtime.controller.relay.check()  # no step's output went without its host part
         if eos_token_id is not None and end == n + max_new_tokens:
             found = self._first_eos(n, end, eos_token_id)
             end = end if found is None else found + 1

@@ -3,9 +3,8 @@ manager sends to the host CPU are computed there while the step computes the oth
 reads no host value to learn which or to get their output.
 
     # the step (model thread), in a posting forward's experts call of `layer`:
-    at, step = relay.post_hidden(layer, x, index, weights)   # the call's inputs to mapped memory
-    keep = relay.keep(at, step, index)   # waits for the decision: [1, K], False where the host computes
-    out = device_part(x, index, weights * keep) + relay.host_out(at, step)   # waits for the host's sum
+    weights, skip = relay.enter(layer, x, index, weights)  # post the call's inputs, wait for the decision:
+    out = relay.leave(layer, device_part(x, index, weights))  # the host's positions at weight 0; add its sum
     # the control thread, after the state machine's reveal of (step, layer):
     relay.decide(step, layer, host_ids)
 
@@ -15,27 +14,31 @@ on the host), so a reader that sees the step's number sees its data: the experts
 (hidden state, routed ids and weights, posted by the step before it waits for anything: the host
 computes from exactly what the call got), the decision (which of the layer's E experts the host
 computes), and the host's summed output (zeros, flagged with the decision, when the host computes
-none). The host's positions get weight 0 in the step's own experts call: their rows are still
-read (real weights, so an exact 0 is added), which on the CPU costs a memory read.
+none). The host's positions get weight 0 in the step's own experts call, and the gather reads
+zeros for them instead of their rows (an exact 0 is added, and no row crosses the link).
 
 The host worker (`HostExecutor`'s one thread) waits for the hidden state of each job; a job whose
 step ended without posting it (an error or Ctrl-C mid-step) gives up once the model thread closes
 that step (`close_step`) or the control thread stops (the runtime closing). The step's own waits
 give up with an error when the control thread or a host job has failed: no wait outlives its partner.
 
-On the CPU backend the waits spin on numpy views of the rings. A CUDA step would wait in a kernel
-spinning on the mapped flags; that kernel is not built, and `offload` refuses the host path in a
-posted step on CUDA.
+On the CPU backend the step's waits spin on numpy views of the rings. On CUDA the rings are pinned
+and mapped and the step's side is three device kernels (`relay_device`), so the step reads no host
+value and is captured in the decode graph; their waits end on `abort` (raised here when the
+control thread stops, a host job fails or the runtime closes) and `check` raises what they could
+not make exact.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
 import numpy as np
 import torch
 
 from seqmoe.errors import UserError
+from seqmoe.runtime.relay_device import ABORT, FAILURES, FALLBACKS, RelayKernels
 
 SPINS = 200
 """Tight polls before each wait starts sleeping between polls."""
@@ -54,26 +57,39 @@ class HostRelay:
         twins: one `HostExecutor.twin` of each layer's experts module.
         layout, hosts: the packed expert layout and each layer's [E, P] host block.
         control_failed: true once the control thread has stopped or failed (the step's waits give up).
+        device: where the step runs (on CUDA the rings are pinned and the step's side is `relay_device`).
     """
 
     def __init__(self, mailbox, hidden_size: int, dtype: torch.dtype, executor, twins, layout, hosts,
-                 control_failed) -> None:
+                 control_failed, device: torch.device = torch.device("cpu")) -> None:
         self.box, self.executor, self.twins, self.layout, self.hosts = mailbox, executor, twins, layout, hosts
-        self.L, self.K, self.R = mailbox.L, mailbox.K, mailbox.R
-        n = self.R * self.L
-        self._x = torch.zeros((n, hidden_size), dtype=dtype)
-        self._index = torch.zeros((n, self.K), dtype=torch.int64)
-        self._weights = torch.zeros((n, self.K), dtype=torch.float64)  # holds any routing dtype exactly
-        self._out = torch.zeros((n, hidden_size), dtype=dtype)
-        self._on_host = torch.zeros((n, hosts[0].shape[0]), dtype=torch.bool)  # [E] per slot
-        self._xseq, self._dseq, self._oseq = (np.full(n, -1, np.int64) for _ in range(3))
-        self._on_host_np = self._on_host.numpy()
+        self.L, self.K, self.R, self.device = mailbox.L, mailbox.K, mailbox.R, device
+        n, pin = self.R * self.L, device.type == "cuda"
+        ring = lambda shape, dt, fill=0: torch.full(shape, fill, dtype=dt, pin_memory=pin)  # noqa: E731
+        self.x, self.out = ring((n, hidden_size), dtype), ring((n, hidden_size), dtype)
+        self.index = ring((n, self.K), torch.int64)
+        self.weights = ring((n, self.K), torch.float64)  # holds any routing dtype exactly
+        self.on_host = ring((n, hosts[0].shape[0]), torch.uint8)  # [E] per slot: 1 where the host computes
+        self.seqs = ring((3, n), torch.int64, -1)  # the step whose (hidden state, decision, output) a slot holds
+        self.status = ring((3,), torch.int64)  # relay_device's FALLBACKS, FAILURES, ABORT
+        self.xseq, self.dseq, self.oseq = self.seqs.numpy()
+        self._on_host_np, self.status_np = self.on_host.numpy(), self.status.numpy()
         self._control_failed = control_failed
         self._weights_dtype = torch.float32
+        self._open = (0, 0)  # (slot, step) of the experts call between enter and leave (CPU side)
+        self.kernels: RelayKernels | None = None
         self.closed_through = -1  # steps the model thread has closed: their jobs may give up
         self.error: BaseException | None = None
         self.experts = 0  # experts computed through the relay
         self.dropped_jobs = 0  # jobs given up: their step ended without posting its hidden state
+        if pin:
+            self.use_kernels()
+
+    def use_kernels(self, **spins) -> None:
+        """Run the step's side as device kernels (on CUDA always; on the CPU only under
+        TRITON_INTERPRET=1, to test them); `spins`: `RelayKernels`' bounds."""
+        self.kernels = RelayKernels(self, self.device, **spins)
+        self.kernels.warm()
 
     @property
     def active(self) -> bool:
@@ -81,30 +97,53 @@ class HostRelay:
         return not self.box.muted
 
     # -- the step's side (model thread) -------------------------------------------------------------
-    def post_hidden(self, layer: int, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> tuple[int, int]:
+    def enter(self, layer: int, x: torch.Tensor, index: torch.Tensor,
+              weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Post the experts call of `layer` in the running step ([1, H] hidden state, [1, K] routed
-        ids and weights); (its ring slot, the step)."""
-        if x.dtype != self._x.dtype:  # the host must compute from exactly the call's numbers
-            raise UserError(f"hidden states in {x.dtype} but experts in {self._x.dtype}: the host path of a posted "
+        ids and weights) and wait for the decision: (the weights with the host's positions at 0,
+        [K] bool: the positions the host computes, whose rows the step need not read)."""
+        if x.dtype != self.x.dtype:  # the host must compute from exactly the call's numbers
+            raise UserError(f"hidden states in {x.dtype} but experts in {self.x.dtype}: the host path of a posted "
                             "step needs one dtype; load the model in one dtype, or use control='inline'")
+        self._weights_dtype = weights.dtype
+        if self.kernels is not None:
+            self.kernels.post(layer, x, index, weights)
+            return self.kernels.keep(layer, index, weights)
         step = (int(self.box.posts.item()) - 1) // self.L  # the router of `layer` has posted already
         at = (step % self.R) * self.L + layer
-        self._weights_dtype = weights.dtype
-        self._x[at].copy_(x.reshape(-1))
-        self._index[at].copy_(index.reshape(-1))
-        self._weights[at].copy_(weights.reshape(-1))
-        self._xseq[at] = step  # after the data
-        return at, step
+        self.x[at].copy_(x.reshape(-1))
+        self.index[at].copy_(index.reshape(-1))
+        self.weights[at].copy_(weights.reshape(-1))
+        self.xseq[at] = step  # after the data
+        self._open = (at, step)
+        self._wait(self.dseq, at, step)
+        keep = self.on_host[at][index.reshape(1, self.K)] == 0
+        return torch.where(keep, weights, 0), ~keep.view(-1)
 
-    def keep(self, at: int, step: int, index: torch.Tensor) -> torch.Tensor:
-        """[1, K] bool: the routed positions of `index` the step computes itself (waits for the decision)."""
-        self._wait(self._dseq, at, step)
-        return ~self._on_host[at][index.reshape(1, self.K)]
+    def leave(self, layer: int, out: torch.Tensor) -> torch.Tensor:
+        """`out` plus the host's summed output of the call `enter` posted (waits for it)."""
+        if self.kernels is not None:
+            return self.kernels.add(layer, out)
+        at, step = self._open
+        self._wait(self.oseq, at, step)
+        return out + self.out[at].view(1, -1).to(out.dtype)
 
-    def host_out(self, at: int, step: int) -> torch.Tensor:
-        """[1, H] the host's summed output for the slot (waits for it)."""
-        self._wait(self._oseq, at, step)
-        return self._out[at].view(1, -1).clone()
+    def check(self) -> None:
+        """RuntimeError if a device-side wait gave up on a host output (that layer's output is NaN)."""
+        failed = int(self.status_np[FAILURES])
+        if failed:
+            why = f" (the host path stopped: {self.error!r})" if self.error is not None else ""
+            raise RuntimeError(f"{failed} decode-step layer(s) got no host output in time{why}: their outputs are "
+                               "NaN, not the model's; restore() and offload the model again") from self.error
+
+    @property
+    def fallbacks(self) -> int:
+        """Layers whose decision did not come in time: the step computed every routed expert itself."""
+        return int(self.status_np[FALLBACKS])
+
+    def abort(self) -> None:
+        """End every device-side wait at once, now and later (the host side stopped)."""
+        self.status_np[ABORT] = 1
 
     def close_step(self, step: int) -> None:
         """The model thread is done with `step` (it returned, or was cut short)."""
@@ -123,30 +162,43 @@ class HostRelay:
         """The state machine sent experts `host_ids` of `layer` to the host CPU for `step`."""
         at = (step % self.R) * self.L + layer
         row = self._on_host_np[at]
-        row[:] = False
-        row[host_ids] = True
+        row[:] = 0
+        row[host_ids] = 1
         if not host_ids:
-            self._out[at].zero_()
-        self._dseq[at] = step
+            self.out[at].zero_()
+        _store_fence()
+        self.dseq[at] = step
         if not host_ids:
-            self._oseq[at] = step
+            self.oseq[at] = step
             return
         self.executor.call(self._compute, step, layer, at, host_ids)
 
     def _compute(self, step: int, layer: int, at: int, host_ids: list[int]) -> None:
         """One job on the host worker: wait for the hidden state, compute, post the sum."""
         try:
-            if not _spin(self._xseq, at, step, lambda: step <= self.closed_through or self._control_failed()):
+            if not _spin(self.xseq, at, step, lambda: step <= self.closed_through or self._control_failed()):
                 self.dropped_jobs += 1  # the step ended without posting it, or the runtime is closing
                 return
-            x, index = self._x[at:at + 1].clone(), self._index[at:at + 1].clone()
-            w = self._weights[at:at + 1].to(self._weights_dtype)
+            x, index = self.x[at:at + 1].clone(), self.index[at:at + 1].clone()
+            w = self.weights[at:at + 1].to(self._weights_dtype)
             out = self.executor.compute(self.twins[layer], self.layout, self.hosts[layer], host_ids, x, index, w)
-            self._out[at].copy_(out.reshape(-1))
+            self.out[at].copy_(out.reshape(-1))
             self.experts += len(host_ids)
-            self._oseq[at] = step  # after the data
-        except BaseException as e:  # the step's wait raises it
+            _store_fence()
+            self.oseq[at] = step  # after the data
+        except BaseException as e:  # the step's wait raises it (on a device: `check`)
             self.error = e
+            self.abort()
+
+
+_FENCE = threading.Lock()
+
+
+def _store_fence() -> None:
+    """Every store before is visible before any after (a lock's full barrier: a large copy may use
+    weakly ordered streaming stores, and a device reads these flags)."""
+    with _FENCE:
+        pass
 
 
 def _spin(seq: np.ndarray, at: int, step: int, give_up) -> bool:

@@ -48,6 +48,7 @@ from seqmoe.runtime.handle import OffloadRuntime
 from seqmoe.runtime.hooks import install_hooks
 from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime import relay_device
 from seqmoe.runtime.pregate import LivePregate
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.signals import shield_off, shield_on
@@ -160,7 +161,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         miss: how a miss is served (`seqmoe.manager.paths`): "copy" into a slot, "in-place"
             (read from its host row, no slot), "cpu" (computed on the host CPU by
             `host_exec.HostExecutor` while the device computes the rest; with control="thread"
-            through `host_relay`, on the CPU backend only) or "auto" (chosen per miss from the cost
+            through `host_relay`; on CUDA that needs triton) or "auto" (chosen per miss from the cost
             model's link and host, measured by default). Default: `DEFAULT_RUNTIME_MISS` with
             inline control, "copy" with control="thread". Systems that fix their own path
             (`cpu-all`, `static-split-style`) ignore it.
@@ -170,9 +171,11 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         check_miss(miss)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
                  hardware=hardware, control=control, replay=replay, miss=miss, emulate_link=emulate_link)
-    if _on_host_cpu(plan.system) and plan.control == "thread" and plan.device.type == "cuda":
-        raise UserError(f"miss={plan.system.miss!r} with control='thread' runs on the CPU backend only (a CUDA decode "
-                        "step cannot yet wait on the host's outputs); use control='inline', or miss='copy' / 'in-place'")
+    if (_on_host_cpu(plan.system) and plan.control == "thread" and plan.device.type == "cuda"
+            and not relay_device.available()):
+        raise UserError(f"miss={plan.system.miss!r} with control='thread' on CUDA waits for the host's outputs in a "
+                        "Triton kernel, and no triton with tl.atomic_load is installed: pip install -U triton, or use "
+                        "control='inline'")
     if routing != "exact" and plan.control == "thread" and plan.device.type == "cuda":
         raise UserError("cache-aware routing with control='thread' runs on the CPU backend only (a CUDA decode step "
                         "would have to substitute on the device); use control='inline'")
@@ -317,8 +320,10 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
             if host is not None:
                 twins = [HostExecutor.twin(x) for x in originals]
                 controller.relay = HostRelay(controller.mailbox, model.config.hidden_size, layout.dtype, host, twins,
-                                             layout, hosts, control_failed=lambda: controller.thread.stopped)
-            controller.thread = ControlThread(controller, controller.mailbox, controller.lock)
+                                             layout, hosts, control_failed=lambda: controller.thread.stopped,
+                                             device=device)
+            controller.thread = ControlThread(controller, controller.mailbox, controller.lock,
+                                              on_stop=controller.relay.abort if controller.relay is not None else None)
             undo.push(controller.thread.close)
         for l, (m, orig) in enumerate(zip(layers, originals)):
             setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller, host))

@@ -1,0 +1,193 @@
+"""The step's side of the host relay (`host_relay`) as device kernels, so a CUDA decode step with
+the host path reads no host value and stays capturable as a graph.
+
+    side = RelayKernels(relay, device)              # needs triton (on the CPU: TRITON_INTERPRET=1)
+    side.post(layer, x, index, weights)             # the call's inputs to the mapped rings, then the flag
+    weights, skip = side.keep(layer, index, weights)  # waits for the decision; host positions get weight 0
+    out = side.add(layer, out)                      # waits for the host's sum and adds it, in place
+
+Each kernel finds its ring slot from the mailbox's device count of posts (the layer's router has
+posted: step = (posts - 1) // L), as the mailbox's post kernel does. The device writes data, a
+barrier, then the flag with a system-scope release store (the mailbox's order). The host writes
+data, a full fence, then the flag; the device polls the flag with system-scope acquire loads, so
+what it reads after seeing the flag is at least what the host wrote before it. No word is both
+written by the host and read-modify-written by the device (PCIe gives no atomics against the CPU).
+
+Every wait ends: once the host raises `abort` (the control thread stopped, a host job failed, the
+runtime closed) or after a bound of polls (a partner that never answers is a bug, not a wait). A
+decision that does not come costs nothing in exactness: the step then computes every routed expert
+itself, reading the missing rows in place (`fallbacks` counts it). An output that does not come
+cannot be made up: the step's output becomes NaN, `failures` counts it and `HostRelay.check`
+raises it on the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from seqmoe.runtime.mapped import device_view
+
+KEEP_SPINS = 1 << 22
+"""Polls of the decision flag before the step computes the layer itself (seconds over PCIe)."""
+OUT_SPINS = 1 << 25
+"""Polls of the host's output flag before the step gives up on it (tens of seconds over PCIe)."""
+FALLBACKS, FAILURES, ABORT = range(3)
+"""Words of the mapped status: written by the device (the counts) or the host (abort)."""
+_BH = 1024
+
+
+class RelayKernels:
+    """The three kernels of one runtime's relay, bound to its rings (`host_relay.HostRelay`)."""
+
+    def __init__(self, relay, device: torch.device, keep_spins: int = KEEP_SPINS, out_spins: int = OUT_SPINS) -> None:
+        self.relay, self.device = relay, device
+        self.k = _kernels()
+        self.keep_spins, self.out_spins = keep_spins, out_spins
+        self.BK = max(2, 1 << (relay.K - 1).bit_length())
+        v = lambda t: device_view(t, device)  # noqa: E731
+        self.x, self.index, self.weights, self.out, self.on_host = map(v, (relay.x, relay.index, relay.weights,
+                                                                           relay.out, relay.on_host))
+        self.xseq, self.dseq, self.oseq = v(relay.seqs)
+        self.status = v(relay.status)
+        self.skip = torch.zeros((relay.K,), dtype=torch.int8, device=device)
+        self.fell = torch.zeros((1,), dtype=torch.int32, device=device)
+        self._kept: dict[torch.dtype, torch.Tensor] = {}
+
+    def post(self, layer: int, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> None:
+        r = self.relay
+        flat = [t.reshape(-1).contiguous() for t in (x, index, weights)]  # the kernels index flat memory
+        self.k["post"][(1,)](*flat, r.box.posts, self.x, self.index, self.weights, self.xseq, layer, r.L, r.R,
+                             self.x.shape[1], r.K, BH=_BH, BK=self.BK)
+
+    def keep(self, layer: int, index: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights with the host's positions at 0, [K] bool skip: the positions the host computes)."""
+        r = self.relay
+        kept = self._kept.get(weights.dtype)
+        if kept is None:
+            kept = self._kept[weights.dtype] = torch.empty((r.K,), dtype=weights.dtype, device=self.device)
+        self.k["keep"][(1,)](index.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), r.box.posts,
+                             self.on_host, self.dseq, self.status, kept, self.skip, self.fell, layer, r.L, r.R,
+                             self.on_host.shape[1], r.K, self.keep_spins, BK=self.BK)
+        return kept.view(weights.shape), self.skip.view(torch.bool)
+
+    def add(self, layer: int, out: torch.Tensor) -> torch.Tensor:
+        """`out` [1, H] plus the host's sum (in place), unless the step fell back to computing all."""
+        r, out = self.relay, out.contiguous()
+        self.k["add"][(1,)](out, self.out, r.box.posts, self.oseq, self.status, self.fell, layer, r.L, r.R,
+                            self.out.shape[1], self.out_spins, BH=_BH)
+        return out
+
+    def warm(self) -> None:
+        """Compile and load the kernels before any capture (a first launch inside one would compile
+        there): launches against ring slot 0, whose flags are then reset (no step has run yet, so
+        no host job can see them)."""
+        r = self.relay
+        posts = r.box.posts
+        saved = posts.clone()
+        posts.fill_(1)  # step 0, slot of layer 0
+        x = torch.zeros((1, self.x.shape[1]), dtype=r.x.dtype, device=self.device)
+        index = torch.zeros((1, r.K), dtype=torch.int64, device=self.device)
+        r.dseq[0] = 0
+        for dtype in {torch.float32, r.x.dtype}:  # routers give weights in one or the other
+            w = torch.zeros((1, r.K), dtype=dtype, device=self.device)
+            self.post(0, x, index, w)
+            self.keep(0, index, w)
+        self.fell.fill_(1)  # add returns at once
+        self.add(0, x)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        posts.copy_(saved)
+        self.fell.zero_()
+        r.xseq[0] = r.dseq[0] = -1
+        r.status_np[:] = 0
+
+
+_KERNELS: dict | None = None
+
+
+def available() -> bool:
+    """Whether the relay's kernels can be built: triton is installed, with `tl.atomic_load`."""
+    try:
+        import triton.language as tl
+    except ImportError:
+        return False
+    return hasattr(tl, "atomic_load")
+
+
+def _kernels() -> dict:
+    global _KERNELS
+    if _KERNELS is None:
+        _KERNELS = _build()
+    return _KERNELS
+
+
+def _build() -> dict:
+    import triton
+    import triton.language as tl
+
+    @triton.jit(do_not_specialize=["layer"])
+    def post(x, index, weights, posts, rx, rindex, rweights, xseq, layer, L, R, H, K,
+             BH: tl.constexpr, BK: tl.constexpr):
+        step = (tl.load(posts) - 1) // L
+        at = (step % R) * L + layer
+        for h in range(0, H, BH):
+            c = h + tl.arange(0, BH)
+            m = c < H
+            tl.store(rx + at * H + c, tl.load(x + c, mask=m), mask=m)
+        k = tl.arange(0, BK)
+        mk = k < K
+        tl.store(rindex + at * K + k, tl.load(index + k, mask=mk).to(tl.int64), mask=mk)
+        tl.store(rweights + at * K + k, tl.load(weights + k, mask=mk).to(tl.float64), mask=mk)
+        tl.debug_barrier()  # every thread's stores happen before the release below
+        tl.atomic_store(xseq + at, step, sem="release", scope="sys")
+
+    @triton.jit(do_not_specialize=["layer"])
+    def keep(index, weights, posts, on_host, dseq, status, kept, skip, fell, layer, L, R, E, K, SPINS,
+             BK: tl.constexpr):
+        step = (tl.load(posts) - 1) // L
+        at = (step % R) * L + layer
+        seen = tl.atomic_load(dseq + at, sem="acquire", scope="sys")
+        stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")  # ABORT
+        n = 0
+        while (seen != step) & (stop == 0) & (n < SPINS):
+            seen = tl.atomic_load(dseq + at, sem="acquire", scope="sys")
+            stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")
+            n += 1
+        ok = seen == step
+        k = tl.arange(0, BK)
+        mk = k < K
+        e = tl.load(index + k, mask=mk, other=0).to(tl.int64)
+        h = (tl.load(on_host + at * E + e, mask=mk, other=0, volatile=True) * ok.to(tl.uint8)) != 0  # 0: not ok
+        w = tl.load(weights + k, mask=mk)
+        tl.store(kept + k, tl.where(h, 0.0, w), mask=mk)
+        tl.store(skip + k, h.to(tl.int8), mask=mk)
+        tl.store(fell, 1 - ok.to(tl.int32))
+        if not ok:
+            tl.atomic_add(status + 0, 1, scope="sys")  # FALLBACKS
+
+    @triton.jit(do_not_specialize=["layer"])
+    def add(out, host_out, posts, oseq, status, fell, layer, L, R, H, SPINS, BH: tl.constexpr):
+        if tl.load(fell) == 0:  # else the step computed every routed expert itself
+            step = (tl.load(posts) - 1) // L
+            at = (step % R) * L + layer
+            seen = tl.atomic_load(oseq + at, sem="acquire", scope="sys")
+            stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")  # ABORT
+            n = 0
+            while (seen != step) & (stop == 0) & (n < SPINS):
+                seen = tl.atomic_load(oseq + at, sem="acquire", scope="sys")
+                stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")
+                n += 1
+            if seen == step:
+                for h in range(0, H, BH):
+                    c = h + tl.arange(0, BH)
+                    m = c < H
+                    o = tl.load(out + c, mask=m)
+                    v = tl.load(host_out + at * H + c, mask=m, volatile=True)  # no cached copy of an earlier step's
+                    tl.store(out + c, o + v.to(o.dtype), mask=m)
+            else:
+                tl.atomic_add(status + 1, 1, scope="sys")  # FAILURES
+                for h in range(0, H, BH):
+                    c = h + tl.arange(0, BH)
+                    tl.store(out + c, tl.full((BH,), float("nan"), tl.float32), mask=c < H)
+
+    return {"post": post, "keep": keep, "add": add}

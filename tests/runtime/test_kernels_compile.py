@@ -1,0 +1,52 @@
+"""The runtime's Triton kernels compile for the H200 (sm_90) on a machine without a GPU, and the
+memory orders their protocols rely on are in the PTX (`mapped`, `relay_device`)."""
+
+from __future__ import annotations
+
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from seqmoe.runtime import mapped, relay_device  # noqa: E402
+
+H200 = GPUTarget("cuda", 90, 32)
+
+
+def _ptx(fn, args: str, constexprs: dict) -> str:
+    """PTX of `fn` for `args` ("name:type ..." in Triton's signature types)."""
+    sig = dict(a.split(":") for a in args.split())
+    sig.update({k: "constexpr" for k in constexprs})
+    return triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs), target=H200).asm["ptx"]
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_the_relay_kernels_compile_for_sm90_with_their_memory_orders(dt):
+    if not relay_device.available():
+        pytest.skip("no triton with tl.atomic_load")
+    k = relay_device._build()
+    post = _ptx(k["post"], f"x:*{dt} index:*i64 weights:*fp32 posts:*i64 rx:*{dt} rindex:*i64 rweights:*fp64 "
+                "xseq:*i64 layer:i32 L:i32 R:i32 H:i32 K:i32", {"BH": 1024, "BK": 8})
+    keep = _ptx(k["keep"], f"index:*i64 weights:*{dt} posts:*i64 on_host:*u8 dseq:*i64 status:*i64 kept:*{dt} "
+                "skip:*i8 fell:*i32 layer:i32 L:i32 R:i32 E:i32 K:i32 SPINS:i32", {"BK": 8})
+    add = _ptx(k["add"], f"out:*{dt} host_out:*{dt} posts:*i64 oseq:*i64 status:*i64 fell:*i32 layer:i32 L:i32 "
+               "R:i32 H:i32 SPINS:i32", {"BH": 1024})
+    flag = post.index("st.relaxed.sys")  # a release store: a system fence, then the store
+    assert "fence.release.sys" in post[:flag] and "bar.sync" in post[:flag]
+    for name, ptx in (("keep", keep), ("add", add)):
+        poll = ptx.index("ld.relaxed.sys")  # an acquire load: the load, then a system fence
+        assert ptx.index("fence.acquire.sys", poll) < ptx.index("ld.volatile.global", poll), name
+        assert "atom.global.sys" in ptx  # the device's counts (device-written words only)
+
+
+def test_the_gather_and_mailbox_kernels_compile_for_sm90():
+    k = mapped._build_kernels()
+    _ptx(k["resolve"], "table:*i32 ids:*i64 skip:*i1 slots:*i32 reads:*i64 K:i32", {"HAS_SKIP": True, "BK": 8})
+    _ptx(k["gather"], "pool:*bf16 host:*bf16 slots:*i32 ids:*i64 out:*bf16 P:i32", {"BLOCK": 1024})
+    post = _ptx(k["post"], "ids:*i64 weights:*fp32 token:*i64 posts:*i64 box_ids:*i32 box_w:*fp32 box_tok:*i64 "
+                "box_seq:*i64 snap:*i64 version:*i64 acked:*i64 layer:i32 L:i32 R:i32 K:i32",
+                {"HAS_TOKEN": True, "HAS_FENCE": True, "BK": 8})
+    assert "atom.global.sys.release.exch" in post
