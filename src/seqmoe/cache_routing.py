@@ -62,15 +62,20 @@ class CacheAwareRouting:
     def __init__(self, max_kl: float, missing, resident) -> None:
         self.max_kl = float(max_kl)
         self._missing, self._resident = missing, resident
+        self.posted = None  # the rule for posted steps on a device (`runtime.routing_device`), if any
         self._used = np.zeros(0)
         self.activations = self.substitutions = 0
         self.kl_total = 0.0
         self.tokens = 0
 
-    def __call__(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
-        """(weights, ids) to route with at `layer`: the router's, or with substitutions (tensors)."""
+    def __call__(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
+                 posted: bool = False):
+        """(weights, ids) to route with at `layer`: the router's, or with substitutions (tensors);
+        `posted`: in a posted decode step, which on a device reads no host value (`self.posted`)."""
         import torch
 
+        if posted and self.posted is not None:
+            return self.posted(layer, logits, weights, ids)
         got = self.substitute(layer, lambda: logits.detach().double().cpu().numpy(),
                               lambda: weights.detach().double().cpu().numpy(), ids.detach().cpu().numpy())
         if got is None:
@@ -97,11 +102,16 @@ class CacheAwareRouting:
         p /= p.sum(axis=-1, keepdims=True)  # [N, E], the router's softmax
         resident = self._resident(layer)
         new_idx, changed = idx.copy(), False
+        before = self._used.copy(), self.substitutions, self.kl_total
         for i in range(n):
             changed |= self._substitute(p[i], new_idx[i], missing, resident, i)
         if not changed:
             return None
-        return self._weights(p, idx, weights(), new_idx), new_idx
+        try:
+            return self._weights(p, idx, weights(), new_idx), new_idx
+        except UserError:  # a router the rule cannot serve: nothing was substituted
+            self._used, self.substitutions, self.kl_total = before
+            raise
 
     def _substitute(self, p: np.ndarray, sel: np.ndarray, missing: np.ndarray, resident: np.ndarray, i: int) -> bool:
         free = resident.copy()
@@ -135,7 +145,11 @@ class CacheAwareRouting:
         return chosen / chosen.sum(axis=1, keepdims=True) if renormalised else scale[:, :1] * chosen
 
     def stats(self) -> dict:
-        """substitution_rate (of routed activations), mean_kl (nats per token), and the counts."""
-        return {"routing": "cache-aware", "max_kl": self.max_kl, "substitutions": self.substitutions,
-                "substitution_rate": self.substitutions / self.activations if self.activations else 0.0,
-                "mean_kl": float(self.kl_total / self.tokens) if self.tokens else 0.0}
+        """substitution_rate (of routed activations), mean_kl (nats per token), and the counts (with
+        the posted steps' rule's: `refused` counts its positions left exact by a router it cannot serve)."""
+        dev = self.posted.counts() if self.posted is not None else {}
+        subs, kl = self.substitutions + int(dev.get("substitutions", 0)), self.kl_total + dev.get("kl_total", 0.0)
+        tokens, acts = self.tokens + int(dev.get("tokens", 0)), self.activations + int(dev.get("activations", 0))
+        return {"routing": "cache-aware", "max_kl": self.max_kl, "substitutions": subs,
+                "substitution_rate": subs / acts if acts else 0.0, "mean_kl": float(kl / tokens) if tokens else 0.0,
+                **({"refused": int(dev["refused"])} if dev else {})}

@@ -70,3 +70,22 @@ def reference(arch: str) -> Reference:
 def fresh(arch: str) -> torch.nn.Module:
     """A deep copy of the architecture's pristine model."""
     return copy.deepcopy(reference(arch).model)
+
+
+def run_interpreted(module: str) -> None:
+    """`python -m module` under TRITON_INTERPRET=1 (the CUDA kernels run on the CPU), which must
+    print "ok"; skipped without a triton the kernels can be built with."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from seqmoe.runtime import relay_device
+
+    if not relay_device.available():
+        pytest.skip("no triton with tl.atomic_load")
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo),
+                                                                                   os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", module], cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -12,7 +12,7 @@ import torch
 from seqmoe.errors import UserError
 from seqmoe.runtime import offload
 from seqmoe.cache_routing import CacheAwareRouting, check_routing
-from tests.runtime.conftest import fresh, logits, reference
+from tests.runtime.conftest import fresh, logits, reference, run_interpreted
 
 E = 6
 
@@ -78,17 +78,50 @@ def test_bad_settings_say_what_is_wrong(routing, max_kl, match):
         check_routing(routing, max_kl)
 
 
+def test_the_device_rule_equals_the_host_rule_under_the_triton_interpreter():
+    """The kernel posted CUDA steps substitute with (`routing_device`), run on the CPU, position by
+    position against `CacheAwareRouting` (`routing_interp_check`)."""
+    run_interpreted("tests.runtime.routing_interp_check")
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_cuda_posted_step_refuses_cache_aware_routing():
-    with pytest.raises(UserError, match="CPU backend only"):
-        offload(fresh("olmoe"), 0.5, "on-demand-lru", device="cuda", control="thread", routing="cache-aware",
-                max_kl=0.1)
+def test_captured_cuda_steps_substitute_on_the_device():
+    """With a budget the captured step's routing changes (counted on the device); without one it is exact."""
+    from seqmoe.runtime import DecodeGraph, relay_device
+    from tests.runtime.conftest import PROMPT, TEST_HW
+
+    if not relay_device.available():
+        pytest.skip("no triton with tl.atomic_load")
+    ids = torch.tensor([PROMPT], device="cuda")
+    want = fresh("olmoe").cuda().generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    for max_kl in (0.0, 5.0):
+        model = fresh("olmoe")
+        rt = offload(model, 0.3, "on-demand-lru", train=reference("olmoe").train, device="cuda", control="thread",
+                     routing="cache-aware", max_kl=max_kl, hardware=TEST_HW)
+        try:
+            dg = DecodeGraph(rt, 64)
+            got = dg.generate(ids, 16)
+            s = rt.stats()
+            assert dg.graph is not None and s["refused"] == 0 and s["tokens"] == len(PROMPT) + 15
+        finally:
+            rt.restore()
+        if max_kl == 0.0:
+            assert torch.equal(got, want) and s["substitutions"] == 0
+        else:
+            assert s["substitutions"] > 0 and s["mean_kl"] <= max_kl
 
 
 def test_posted_decode_steps_substitute_and_the_simulator_counts_the_same():
-    """control="thread" on the CPU: the router hooks of posted steps apply the rule before posting, so
-    the trace holds the routing the model ran, and replaying it gives the runtime's counts."""
+    posted_steps_replay(on_device=False)
+
+
+def posted_steps_replay(on_device: bool) -> None:
+    """control="thread" on the CPU: the router hooks of posted steps apply the rule before posting
+    (`on_device`: the kernel of `routing_device`, as on CUDA), so the trace holds the routing the
+    model ran, and replaying it gives the runtime's counts."""
     from seqmoe.manager.systems import SystemInputs, build_system
+    from seqmoe.runtime.routing_device import DeviceCacheRouting
     from seqmoe.sim import simulate
     from tests.runtime.conftest import TEST_HW, greedy
 
@@ -98,8 +131,10 @@ def test_posted_decode_steps_substitute_and_the_simulator_counts_the_same():
                  hardware=TEST_HW)
     rule, posted = rt.controller.routing, []
     substitute = rule.substitute
+    if on_device:
+        rule.posted = DeviceCacheRouting(5.0, rt.pool, rt.controller.K)
 
-    def counted(*args):  # substitutions made inside posting decode steps
+    def counted(*args):  # substitutions the host rule made inside posting decode steps
         before = rule.substitutions
         out = substitute(*args)
         if rt.controller.posting:
@@ -112,7 +147,9 @@ def test_posted_decode_steps_substitute_and_the_simulator_counts_the_same():
         s, trace = rt.stats(), rt.trace()
     finally:
         rt.restore()
-    assert s["control"] == "thread" and sum(posted) > 0
+    on_posted = rule.posted.counts()["substitutions"] if on_device else sum(posted)
+    assert s["control"] == "thread" and on_posted > 0 and (not on_device or sum(posted) == 0)
+    assert s["substitutions"] == rule.substitutions + (on_posted if on_device else 0)
     system = build_system("on-demand-lru", SystemInputs(train=ref.train, test=trace, capacity=rt.capacity,
                                                         start=tuple(rt.start)), rt.miss)
     c = simulate(trace, system, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)

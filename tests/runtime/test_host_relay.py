@@ -11,7 +11,7 @@ import torch
 
 from seqmoe.runtime import DecodeGraph, offload
 from tests.collect.tiny_models import ARCHS
-from tests.runtime.conftest import PROMPT, fresh, greedy, reference
+from tests.runtime.conftest import PROMPT, fresh, greedy, reference, run_interpreted
 from tests.runtime.test_host_path import HOST_HW, RUNS, _decode, _full
 from tests.runtime.test_interrupts import _interrupt_at
 
@@ -87,21 +87,7 @@ def test_decode_graph_on_the_cpu_runs_the_host_path():
 def test_the_device_side_under_the_triton_interpreter():
     """The kernels a CUDA step waits in (`relay_device`), run on the CPU: late, missing and aborted
     answers, and whole posted steps exact through them (`relay_interp_check`)."""
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from seqmoe.runtime import relay_device
-
-    if not relay_device.available():
-        pytest.skip("no triton with tl.atomic_load")
-    repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo),
-                                                                                   os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "tests.runtime.relay_interp_check"], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+    run_interpreted("tests.runtime.relay_interp_check")
 
 
 @pytest.mark.gpu

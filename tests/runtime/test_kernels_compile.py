@@ -11,7 +11,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from seqmoe.runtime import mapped, relay_device  # noqa: E402
+from seqmoe.runtime import mapped, relay_device, routing_device  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 
@@ -50,3 +50,8 @@ def test_the_gather_and_mailbox_kernels_compile_for_sm90():
                 "box_seq:*i64 snap:*i64 version:*i64 acked:*i64 layer:i32 L:i32 R:i32 K:i32",
                 {"HAS_TOKEN": True, "HAS_FENCE": True, "BK": 8})
     assert "atom.global.sys.release.exch" in post
+
+
+def test_the_cache_aware_routing_kernel_compiles_for_sm90():
+    _ptx(routing_device._build(), "logits:*fp32 weights:*bf16 ids:*i64 assigned:*u8 table:*i32 state:*fp64 "
+         "counts:*fp64 out_w:*bf16 out_ids:*i64 layer:i32 E:i32 K:i32", {"BE": 64, "BK": 8})

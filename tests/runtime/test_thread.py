@@ -21,7 +21,7 @@ from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.mapped import gather_rows
 from seqmoe.runtime.fence import ReadFence
 from seqmoe.runtime.pool import ExpertPool
-from tests.runtime.conftest import PROMPT, TEST_HW, fresh, greedy, reference
+from tests.runtime.conftest import PROMPT, TEST_HW, fresh, greedy, reference, run_interpreted
 
 STATIC_CACHE_ARCHS = ["olmoe", "mixtral", "qwen3_moe", "gpt_oss", "qwen2_moe"]
 """Architectures whose tiny config transformers' StaticCache serves (not deepseek_v3's, see graph.py)."""
@@ -197,20 +197,7 @@ def test_decode_graph_rejects_the_inline_engine_and_overlong_requests():
 
 
 def test_triton_kernels_equal_the_torch_ops_under_the_interpreter():
-    import importlib.util
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    if importlib.util.find_spec("triton") is None:
-        pytest.skip("triton is not installed")
-    repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo),
-                                                                                   os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-m", "tests.runtime.triton_interp_check"], cwd=repo, env=env,
-                         capture_output=True, text=True, timeout=300)
-    assert out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+    run_interpreted("tests.runtime.triton_interp_check")
 
 
 # -- on a GPU ---------------------------------------------------------------------------------------

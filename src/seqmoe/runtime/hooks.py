@@ -119,8 +119,8 @@ def _router_hook(controller: Controller, layer: int):
         if controller.pregate is not None and args:  # the input later routers score (`runtime.pregate`)
             controller.pregate.note_input(layer, args[0], controller.driver.tokens)
         routing = controller.routing
-        if routing is not None:  # cache-aware routing (inline only): the block computes what is returned
-            weights, ids = routing(layer, logits, weights, ids)
+        if routing is not None:  # cache-aware routing: the block computes what is returned
+            weights, ids = routing(layer, logits, weights, ids, posted=controller.posting)
         if controller.posting:
             controller.post(layer, ids, weights)
         else:

@@ -50,6 +50,7 @@ from seqmoe.runtime.mailbox import Mailbox
 from seqmoe.runtime.pool import ExpertPool
 from seqmoe.runtime import relay_device
 from seqmoe.runtime.pregate import LivePregate
+from seqmoe.runtime.routing_device import DeviceCacheRouting
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.signals import shield_off, shield_on
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
@@ -156,8 +157,8 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             vocabulary as the simulator does, and the oracle systems may read its future.
         routing: "exact" (default) or "cache-aware": a missing routed expert may be swapped for a
             resident one the router scored close to it, each token spending at most `max_kl`
-            nats of KL divergence from the router's distribution (`cache_routing`; with
-            control="thread" on the CPU backend only: its router hooks read the pool's host state).
+            nats of KL divergence from the router's distribution (`cache_routing`; posted steps
+            on CUDA apply it in a kernel, `routing_device`).
         miss: how a miss is served (`seqmoe.manager.paths`): "copy" into a slot, "in-place"
             (read from its host row, no slot), "cpu" (computed on the host CPU by
             `host_exec.HostExecutor` while the device computes the rest; with control="thread"
@@ -171,14 +172,12 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         check_miss(miss)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
                  hardware=hardware, control=control, replay=replay, miss=miss, emulate_link=emulate_link)
-    if (_on_host_cpu(plan.system) and plan.control == "thread" and plan.device.type == "cuda"
-            and not relay_device.available()):
-        raise UserError(f"miss={plan.system.miss!r} with control='thread' on CUDA waits for the host's outputs in a "
-                        "Triton kernel, and no triton with tl.atomic_load is installed: pip install -U triton, or use "
-                        "control='inline'")
-    if routing != "exact" and plan.control == "thread" and plan.device.type == "cuda":
-        raise UserError("cache-aware routing with control='thread' runs on the CPU backend only (a CUDA decode step "
-                        "would have to substitute on the device); use control='inline'")
+    if plan.control == "thread" and plan.device.type == "cuda" and not relay_device.available():
+        needs = [f"miss={plan.system.miss!r}"] if _on_host_cpu(plan.system) else []
+        needs += ["cache-aware routing"] if routing != "exact" else []
+        if needs:
+            raise UserError(f"{' and '.join(needs)} with control='thread' on CUDA run(s) in Triton kernels, and no "
+                            "triton with tl.atomic_load is installed: pip install -U triton, or use control='inline'")
     return _assemble(model, plan, emulate_link, max_kl if routing != "exact" else None)
 
 
@@ -314,6 +313,8 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
         controller.attach(manager, pool, worker)
         if max_kl is not None:
             controller.routing = CacheAwareRouting(max_kl, missing=pool.missing_row, resident=lambda l: pool.table_host[l] >= 0)
+            if plan.control == "thread" and device.type == "cuda":  # posted steps substitute on the device
+                controller.routing.posted = DeviceCacheRouting(max_kl, pool, K)
         if plan.control == "thread":
             controller.fence = fence
             controller.mailbox = Mailbox(L, K, device, fence)

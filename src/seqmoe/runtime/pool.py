@@ -113,6 +113,9 @@ class ExpertPool:
         self.table_host = table.numpy()  # written by the host only
         self.table = device_view(table, device)  # the same memory, as the device reads it
         self.hosts_device = [device_view(h, device) for h in hosts]
+        assigned = torch.zeros((self.num_layers, self.num_experts), dtype=torch.uint8, pin_memory=device.type == "cuda")
+        self.assigned_host = assigned.numpy()  # 1: the expert holds a slot (maybe still being copied); host-written
+        self.assigned = device_view(assigned, device)
         self.device_reads = torch.zeros(2, dtype=torch.int64, device=device)  # (slot, host) reads of posted steps
         self._staging: torch.Tensor | None = None
         self._slots_posted: torch.Tensor | None = None  # the K slots a posted gather resolved
@@ -159,6 +162,7 @@ class ExpertPool:
             self.owner[slot] = uid
             self.loaded[slot] = False
             self.slot_of[uid] = slot
+            self.assigned_host[self._split(uid)] = 1
             return slot, self.gen[slot]
 
     def home_slot(self, uid: int) -> int:
@@ -184,6 +188,7 @@ class ExpertPool:
             self.gen[slot] += 1
             self.owner[slot] = -1
             self.loaded[slot] = False
+            self.assigned_host[layer, e] = 0
             self._publish(layer, e, -1)
             if self.fence is not None:
                 self._reuse[slot] = self.fence.released(self.version)
@@ -299,8 +304,7 @@ class ExpertPool:
 
     def missing_row(self, layer: int) -> np.ndarray:
         """[E] bool: the experts of `layer` that hold no slot (neither published nor being copied in)."""
-        base, slot_of = layer * self.num_experts, self.slot_of
-        return np.array([base + e not in slot_of for e in range(self.num_experts)])
+        return self.assigned_host[layer] == 0
 
     def resident(self) -> set[int]:
         """uids whose slot is published (copy complete)."""
