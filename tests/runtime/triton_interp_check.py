@@ -54,9 +54,23 @@ def _posted(k: dict | None) -> tuple:
     return (box.ids_np, box.weights_np, box.tokens_np, box.seq_np, int(box.posts), fence.acked(), int(fence.snap))
 
 
+def check_warm(k: dict) -> None:
+    """The mailbox's warm-up posts leave nothing behind: the kernel's posts then equal the torch ops'."""
+    fence = ReadFence(torch.device("cpu"))
+    fence.publish(7)
+    box = Mailbox(2, 3, torch.device("cpu"), fence, ring=4)
+    box.kernel = k["post"]
+    box.warm()
+    assert int(box.posts) == 0 and (box.seq_np == -1).all() and fence.acked() == 0 and int(fence.snap) == 0
+    box.post(0, torch.tensor([[1, 2, 3]]), torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.bfloat16), torch.tensor([9]))
+    assert box.seq_np[0] == 0 and box.ids_np[0].tolist() == [1, 2, 3] and int(box.tokens_np[0]) == 9
+    assert int(fence.snap) == 7 and int(box.posts) == 1
+
+
 def main() -> None:
     k = mapped._build_kernels()
     check_resolve_and_gather(k)
+    check_warm(k)
     got, want = _posted(k), _posted(None)
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want)), (got, want)
     assert want[4:] == (10, 40, 41)

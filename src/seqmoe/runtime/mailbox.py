@@ -55,6 +55,27 @@ class Mailbox:
         self._d_ids, self._d_weights, self._d_tokens, self._d_seq = v(self._ids), v(self._weights), v(self._tokens), v(self._seq)
         self.posts = torch.zeros((1,), dtype=torch.int64, device=device)  # layers posted, on the device
         self.muted = False  # graph warm-up: run the step without posting
+        self.kernel = post_kernel(device)
+        if self.kernel is not None:
+            self.warm()
+
+    def warm(self) -> None:
+        """Compile and load the post kernel before any capture (DecodeGraph's warm-up steps post
+        nothing, and a first launch inside a capture would compile there): one post with and one
+        without a token, then the ring, the count and the fence as they were (no step has run)."""
+        f = self.fence
+        state = [self.posts] + ([f.snap] if f is not None else [])
+        saved, acked = [t.clone() for t in state], f.acked_np.copy() if f is not None else None
+        ids = torch.zeros((1, self.K), dtype=torch.int64, device=self.device)
+        self.post(0, ids, ids.float(), ids[0, :1])
+        self.post(1 % self.L, ids, ids.float(), None)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        for t, s in zip(state, saved):
+            t.copy_(s)
+        if f is not None:
+            f.acked_np[:] = acked
+        self.seq_np[:] = -1
 
     def skip_to(self, step: int) -> None:
         """Number the next post layer 0 of `step` (after a step cut short; a device op, stream-ordered)."""
@@ -66,8 +87,9 @@ class Mailbox:
         Device ops only (no host value is read): safe inside a captured decode step."""
         if self.muted:
             return
-        ids, weights = ids.reshape(-1).contiguous(), weights.reshape(-1).contiguous()  # kernels index flat memory
-        kernel, f = post_kernel(self.device), self.fence
+        # flat memory, one dtype each: one compiled kernel whatever the router gives
+        ids, weights = ids.reshape(-1).long().contiguous(), weights.reshape(-1).float().contiguous()
+        kernel, f = self.kernel, self.fence
         if kernel is not None:  # one Triton kernel (CUDA)
             fence = (f.snap, f.version_dev, f.acked_dev) if f is not None else (self.posts,) * 3
             kernel[(1,)](ids, weights, token.reshape(-1).contiguous() if token is not None else ids, self.posts, self._d_ids,

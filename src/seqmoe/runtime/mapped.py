@@ -150,7 +150,7 @@ def _build_kernels() -> dict:
         else:  # skipped: nothing is read
             tl.store(out + row.to(tl.int64) * P + cols, tl.zeros((BLOCK,), tl.float32), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["layer"])
     def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, K,
              HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr):
         n = tl.load(posts)
