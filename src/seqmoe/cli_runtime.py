@@ -48,7 +48,8 @@ def add_offload_flags(p: argparse.ArgumentParser) -> None:
 
 def add_miss_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--miss", choices=MISS_PATHS, default=None, help="how a missed expert is served: copy into a "
-                   "slot, in-place (read from host memory), cpu (computed on the host CPU; inline control) or auto "
+                   "slot, in-place (read from host memory), cpu (computed on the host CPU; with --control thread or "
+                   "--graph on CUDA it needs triton) or auto "
                    "(chosen per miss from the cost model's link and host CPU, measured at start by default); default: "
                    f"{DEFAULT_RUNTIME_MISS} with inline control, copy with --control thread or --graph")
 
