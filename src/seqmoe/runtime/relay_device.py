@@ -23,6 +23,8 @@ raises it on the host.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from seqmoe.runtime.mapped import device_view
@@ -41,7 +43,7 @@ class RelayKernels:
 
     def __init__(self, relay, device: torch.device, keep_spins: int = KEEP_SPINS, out_spins: int = OUT_SPINS) -> None:
         self.relay, self.device = relay, device
-        self.k = _kernels()
+        self.k = _build()
         self.keep_spins, self.out_spins = keep_spins, out_spins
         self.BK = max(2, 1 << (relay.K - 1).bit_length())
         v = lambda t: device_view(t, device)  # noqa: E731
@@ -102,9 +104,6 @@ class RelayKernels:
         r.status_np[:] = 0
 
 
-_KERNELS: dict | None = None
-
-
 def available() -> bool:
     """Whether the relay's kernels can be built: triton is installed, with `tl.atomic_load`."""
     try:
@@ -114,80 +113,8 @@ def available() -> bool:
     return hasattr(tl, "atomic_load")
 
 
-def _kernels() -> dict:
-    global _KERNELS
-    if _KERNELS is None:
-        _KERNELS = _build()
-    return _KERNELS
-
-
+@functools.cache
 def _build() -> dict:
-    import triton
-    import triton.language as tl
+    from seqmoe.runtime import relay_triton
 
-    @triton.jit(do_not_specialize=["layer"])
-    def post(x, index, weights, posts, rx, rindex, rweights, xseq, layer, L, R, H, K,
-             BH: tl.constexpr, BK: tl.constexpr):
-        step = (tl.load(posts) - 1) // L
-        at = (step % R) * L + layer
-        for h in range(0, H, BH):
-            c = h + tl.arange(0, BH)
-            m = c < H
-            tl.store(rx + at * H + c, tl.load(x + c, mask=m), mask=m)
-        k = tl.arange(0, BK)
-        mk = k < K
-        tl.store(rindex + at * K + k, tl.load(index + k, mask=mk).to(tl.int64), mask=mk)
-        tl.store(rweights + at * K + k, tl.load(weights + k, mask=mk).to(tl.float64), mask=mk)
-        tl.debug_barrier()  # every thread's stores happen before the release below
-        tl.atomic_store(xseq + at, step, sem="release", scope="sys")
-
-    @triton.jit(do_not_specialize=["layer"])
-    def keep(index, weights, posts, on_host, dseq, status, kept, skip, fell, layer, L, R, E, K, SPINS,
-             BK: tl.constexpr):
-        step = (tl.load(posts) - 1) // L
-        at = (step % R) * L + layer
-        seen = tl.atomic_load(dseq + at, sem="acquire", scope="sys")
-        stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")  # ABORT
-        n = 0
-        while (seen != step) & (stop == 0) & (n < SPINS):
-            seen = tl.atomic_load(dseq + at, sem="acquire", scope="sys")
-            stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")
-            n += 1
-        ok = seen == step
-        k = tl.arange(0, BK)
-        mk = k < K
-        e = tl.load(index + k, mask=mk, other=0).to(tl.int64)
-        h = (tl.load(on_host + at * E + e, mask=mk, other=0, volatile=True) * ok.to(tl.uint8)) != 0  # 0: not ok
-        w = tl.load(weights + k, mask=mk)
-        tl.store(kept + k, tl.where(h, 0.0, w), mask=mk)
-        tl.store(skip + k, h.to(tl.int8), mask=mk)
-        tl.store(fell, 1 - ok.to(tl.int32))
-        if not ok:
-            tl.atomic_add(status + 0, 1, scope="sys")  # FALLBACKS
-
-    @triton.jit(do_not_specialize=["layer"])
-    def add(out, host_out, posts, oseq, status, fell, layer, L, R, H, SPINS, BH: tl.constexpr):
-        if tl.load(fell) == 0:  # else the step computed every routed expert itself
-            step = (tl.load(posts) - 1) // L
-            at = (step % R) * L + layer
-            seen = tl.atomic_load(oseq + at, sem="acquire", scope="sys")
-            stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")  # ABORT
-            n = 0
-            while (seen != step) & (stop == 0) & (n < SPINS):
-                seen = tl.atomic_load(oseq + at, sem="acquire", scope="sys")
-                stop = tl.atomic_load(status + 2, sem="relaxed", scope="sys")
-                n += 1
-            if seen == step:
-                for h in range(0, H, BH):
-                    c = h + tl.arange(0, BH)
-                    m = c < H
-                    o = tl.load(out + c, mask=m)
-                    v = tl.load(host_out + at * H + c, mask=m, volatile=True)  # no cached copy of an earlier step's
-                    tl.store(out + c, o + v.to(o.dtype), mask=m)
-            else:
-                tl.atomic_add(status + 1, 1, scope="sys")  # FAILURES
-                for h in range(0, H, BH):
-                    c = h + tl.arange(0, BH)
-                    tl.store(out + c, tl.full((BH,), float("nan"), tl.float32), mask=c < H)
-
-    return {"post": post, "keep": keep, "add": add}
+    return {"post": relay_triton.post, "keep": relay_triton.keep, "add": relay_triton.add}

@@ -16,6 +16,8 @@ the runtime show it. The counts are mapped host memory the kernel writes, read w
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -42,7 +44,7 @@ class DeviceCacheRouting:
         # the token's KL spent so far, and the budget (a Python float would reach the kernel as float32)
         self._state = torch.tensor([0.0, self.max_kl], dtype=torch.float64, device=device)
         self._out: dict[tuple[torch.dtype, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.k = _kernel()
+        self.k = _build()
 
     def __call__(self, layer: int, logits: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor):
         """(weights, ids) of one position at `layer`, rewritten on the device (shared buffers)."""
@@ -63,16 +65,7 @@ class DeviceCacheRouting:
         return dict(zip(COUNTS, np.asarray(self._counts_np).tolist()))
 
 
-_KERNEL = None
-
-
-def _kernel():
-    global _KERNEL
-    if _KERNEL is None:
-        _KERNEL = _build()
-    return _KERNEL
-
-
+@functools.cache
 def _build():
     import triton
     import triton.language as tl
