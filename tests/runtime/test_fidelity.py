@@ -100,3 +100,25 @@ def test_trace_holds_the_routing_the_model_used():
     assert (trace.expert_ids == collected.expert_ids).all()
     assert trace.token_ids.tolist() == out[0, :-1].tolist()
     assert torch.allclose(torch.from_numpy(trace.gate_weights), torch.from_numpy(collected.gate_weights), atol=1e-6)
+
+
+@pytest.mark.parametrize("control", ["inline", "thread"])
+def test_a_runtime_without_a_trace_keeps_none_and_counts_the_same(control):
+    """record_trace=False (a server's): the same tokens and counts, no routing kept, and trace() says why."""
+    from seqmoe.errors import UserError
+
+    runs = []
+    for record in (True, False):
+        model = fresh("qwen3_moe")
+        rt = offload(model, 0.5, "on-demand-lru", control=control, record_trace=record)
+        out = greedy(model, PROMPTS[1], 6)
+        runs.append((out.tolist(), rt.stats()))
+        if not record:
+            assert not rt.controller._ids and not rt.controller._tokens
+            with pytest.raises(UserError, match="record_trace=False"):
+                rt.trace()
+        rt.restore()
+    (out_a, s_a), (out_b, s_b) = runs
+    assert out_a == out_b
+    counts = ("tokens", "ready", "late", "misses", "copies")
+    assert [s_a[k] for k in counts] == [s_b[k] for k in counts]

@@ -80,7 +80,8 @@ class Controller:
         meta: what `trace()` records as its source.
     """
 
-    def __init__(self, system: System, num_layers: int, num_experts: int, top_k: int, meta: TraceMeta) -> None:
+    def __init__(self, system: System, num_layers: int, num_experts: int, top_k: int, meta: TraceMeta,
+                 record: bool = True) -> None:
         self.system = system
         self.L, self.E, self.K = num_layers, num_experts, top_k
         self.meta = meta
@@ -89,10 +90,12 @@ class Controller:
         self.driver: Driver | None = None
         self.pool: ExpertPool | None = None
         self.worker: CopyWorker | None = None
+        self.record = record  # keep every position's routing for `trace()` (it grows with every position)
         self._ids: list[np.ndarray] = []  # per forward: [N, L, K] int16
         self._weights: list[np.ndarray] = []
         self._tokens: list[int | None] = []
         self._offsets = [0]
+        self._positions = 0  # positions run whole, recorded or not
         self._forward: tuple[np.ndarray, np.ndarray, list[int | None]] | None = None
         self._next_layer = 0
         self._shape = (0, top_k)
@@ -150,7 +153,7 @@ class Controller:
     # -- routing events (model hooks) ------------------------------------------------------------------
     def begin_forward(self, tokens: list[int | None], new_request: bool) -> None:
         """A forward over `len(tokens)` positions starts; `new_request`: its cache was empty."""
-        if new_request and self._offsets[-1] < len(self._tokens):
+        if new_request and self.record and self._offsets[-1] < len(self._tokens):
             self._offsets.append(len(self._tokens))
         n = len(tokens)
         self._forward = (np.zeros((n, self.L, self.K), np.int16), np.zeros((n, self.L, self.K), np.float32), tokens)
@@ -203,9 +206,7 @@ class Controller:
                     done += 1
         finally:
             if done:
-                self._ids.append(ids[:done])
-                self._weights.append(weights[:done])
-                self._tokens += tokens[:done]
+                self._keep(ids[:done], weights[:done], tokens[:done])
 
     # -- the lifetime of a forward (model thread) ----------------------------------------------------
     def open_forward(self, posted: bool) -> None:
@@ -348,14 +349,19 @@ class Controller:
             self.relay.decide(step, layer, sorted(u - base for u in self._on_host))
         self._layer_end(layer)
         if layer == self.L - 1:
-            self._ids.append(step_ids)
-            self._weights.append(step_w)
-            self._tokens.append(tok)
+            self._keep(step_ids, step_w, [tok])
 
     def abandon_step(self, layers: int) -> None:
         """The decode step being read was cut short after `layers` layers (control thread, under the lock)."""
         self._step = None
         self._drop_partial_token()
+
+    def _keep(self, ids: np.ndarray, weights: np.ndarray, tokens: list[int | None]) -> None:
+        self._positions += len(tokens)
+        if self.record:
+            self._ids.append(ids)
+            self._weights.append(weights)
+            self._tokens += tokens
 
     def _token_start(self, token: int | None, new_request: bool | None = None) -> None:
         self._mid_token = True  # set first: an interrupt inside token_start still drops the token
@@ -369,7 +375,7 @@ class Controller:
     # -- results ---------------------------------------------------------------------------------------
     @property
     def num_tokens(self) -> int:
-        return len(self._tokens)
+        return self._positions
 
     def trace(self) -> RoutingTrace | None:
         """The routing of every position run so far, requests back to back; None before the first."""

@@ -67,6 +67,8 @@ class OffloadRuntime:
 
     def trace(self) -> RoutingTrace:
         """The routing of every position this runtime has served (prompt positions, then each decode step)."""
+        if not self.controller.record:
+            raise UserError("this runtime keeps no trace: it was offloaded with record_trace=False")
         self._catch_up()
         t = self.controller.trace()
         if t is None:

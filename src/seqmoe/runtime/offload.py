@@ -126,7 +126,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             bandwidth: float | None = None, train: RoutingTrace | None = None,
             hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
             control: str | None = None, replay: RoutingTrace | None = None, routing: str = "exact",
-            max_kl: float | None = None, miss: str | None = None) -> OffloadRuntime:
+            max_kl: float | None = None, miss: str | None = None, record_trace: bool = True) -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
@@ -166,6 +166,8 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
             model's link and host, measured by default). Default: `DEFAULT_RUNTIME_MISS` with
             inline control, "copy" with control="thread". Systems that fix their own path
             (`cpu-all`, `static-split-style`) ignore it.
+        record_trace: keep every position's routing for `runtime.trace()`; it grows by L x K x 6 bytes
+            and a few small arrays per position, so a long-running server (`seqmoe serve`) turns it off.
     """
     check_routing(routing, max_kl)
     if miss is not None:
@@ -178,7 +180,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         if needs:
             raise UserError(f"{' and '.join(needs)} with control='thread' on CUDA run(s) in Triton kernels, and no "
                             "triton with tl.atomic_load is installed: pip install -U triton, or use control='inline'")
-    return _assemble(model, plan, emulate_link, max_kl if routing != "exact" else None)
+    return _assemble(model, plan, emulate_link, max_kl if routing != "exact" else None, record_trace)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -285,7 +287,7 @@ def _measured(hw: HardwareProfile, model, plan: _Plan, hosts, host: HostExecutor
     return measured_profile(hw, layout.expert_bytes, measure_link(hosts[0][0], plan.device), host_s)
 
 
-def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> OffloadRuntime:
+def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None, record_trace: bool) -> OffloadRuntime:
     """Change the model as `plan` says; every step is undone, in reverse, if a later one fails."""
     arch, originals, layout, device = plan.arch, plan.originals, plan.layouts[0], plan.device
     layers, C, hw = arch.moe, plan.capacity, plan.hardware
@@ -305,7 +307,7 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None) -> O
             undo.push(host.close)
         if plan.measure:
             hw = _measured(hw, model, plan, hosts, host)
-        controller = Controller(plan.system, L, E, K, plan.meta)
+        controller = Controller(plan.system, L, E, K, plan.meta, record=record_trace)
         controller.pregate = plan.pregate
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
         worker = CopyWorker(pool)

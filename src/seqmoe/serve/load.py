@@ -80,7 +80,7 @@ def load_engine(model: str, *, residency: float = DEFAULT_RUNTIME_RESIDENCY, sys
     bar.set_postfix_str("offload")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     runtime = offload(net, residency, system, device=device, train=train_trace, predictor=predictor,
-                      control="thread" if graph else control, miss=miss)
+                      control="thread" if graph else control, miss=miss, record_trace=False)
     limit = int(getattr(net.config, "max_position_embeddings", 0) or 0) or None
     if context_length is not None:
         limit = min(limit, context_length) if limit else context_length
