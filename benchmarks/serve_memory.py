@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(2):
                 _burst(served, prompts, args.max_tokens)
             gc.collect()
-            tracemalloc.start(8)
+            tracemalloc.start()
             before = tracemalloc.take_snapshot()
             rss = [rss_bytes()]
             for b in range(args.bursts):
