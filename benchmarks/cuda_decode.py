@@ -24,7 +24,7 @@ from seqmoe.collect import load_model
 from seqmoe.config import COMPARED_SYSTEMS
 from seqmoe.manager import system_spec
 from seqmoe.runtime import offload
-from seqmoe.runtime.graph import DecodeGraph
+from seqmoe.runtime.posted.graph import DecodeGraph
 from seqmoe.tiny.traces import TRAIN_FILE
 from seqmoe.trace.io import load_trace
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from seqmoe.bench.report import read_jsonl
+from seqmoe.report.table import read_jsonl
 from seqmoe.errors import UserError
 
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from puffin_split import add_shared_flag, puffin_split
-from seqmoe.bench.report import write_jsonl
+from seqmoe.report.table import write_jsonl
 from seqmoe.config import SimConfig
 from seqmoe.host_cost import host_expert_time_s
 from seqmoe.profiles import copy_time_s

@@ -6,7 +6,7 @@ real trace, decoded at full load and offloaded; measured time per token next to 
     python benchmarks/realsize.py --arch deepseek-v2-lite ... --width-divisor 16 --tokens 150   # CPU version
 
 Prints a table and writes one JSON object per run (and one for the setup) to --out.
-See `seqmoe.runtime.replay_bench` for what is timed and how the cost model is measured.
+See `seqmoe.bench.replay` for what is timed and how the cost model is measured.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import json
 import os
 import sys
 
-from seqmoe.manager.paths import MISS_PATHS
+from seqmoe.manager.miss_paths import MISS_PATHS
 
 DEFAULT_SYSTEMS = "on-demand-lru,seqmoe,moe-infinity-style,belady,oracle-prefetch"
 
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
     from seqmoe.errors import UserError
     from seqmoe.manager.systems import SYSTEMS
     from seqmoe.arch.published import build_model
-    from seqmoe.runtime.realsize import layers_of
-    from seqmoe.runtime.replay_bench import format_rows, replay_bench
+    from seqmoe.bench.forced import layers_of
+    from seqmoe.bench.replay import format_rows, replay_bench
     from seqmoe.trace.io import load_trace
     from seqmoe.trace.split import split_trace
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from seqmoe.bench.plot import METRICS
+from seqmoe.report.plot import METRICS
 from seqmoe.cli import main
 from seqmoe.profiles import get_model_profile
 from seqmoe.trace.io import save_trace

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from seqmoe.cli_trace import add_trace_commands
+from seqmoe.cli.trace import add_trace_commands
 from seqmoe.errors import UserError
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.stats import summarize

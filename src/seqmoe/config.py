@@ -14,9 +14,9 @@ import inspect
 import json
 from dataclasses import dataclass
 
-from seqmoe.cache_routing import ROUTINGS, check_routing
+from seqmoe.rerouting import ROUTINGS, check_routing
 from seqmoe.errors import UserError
-from seqmoe.manager.paths import check_miss
+from seqmoe.manager.miss_paths import check_miss
 from seqmoe.manager.placement import check_residency
 
 DEFAULT_SYSTEM = "on-demand-lru"

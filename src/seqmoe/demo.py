@@ -14,12 +14,12 @@ import json
 import sys
 from pathlib import Path
 
-from seqmoe.bench.plot import plot_results
-from seqmoe.bench.report import format_table, write_jsonl
+from seqmoe.report.plot import plot_results
+from seqmoe.report.table import format_table, write_jsonl
 from seqmoe.config import DEFAULT_HARDWARE, SimConfig
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import systems_with
-from seqmoe.predict.cache import cache_dir, trace_fingerprint
+from seqmoe.predict.checkpoints import cache_dir, trace_fingerprint
 from seqmoe.sim.run import load_workload, run_sweep
 from seqmoe.tiny.traces import load_demo_traces
 from seqmoe.trace.schema import RoutingTrace

@@ -16,7 +16,8 @@ import pytest
 
 from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
-from seqmoe.manager.compiled import CompiledManager, _cache, compilable
+from seqmoe.manager.compiled import CompiledManager, compilable
+from seqmoe.manager.compiled import _build_dir
 from seqmoe.manager.state import MemoryManager, System
 from seqmoe.manager.systems import SYSTEMS
 from seqmoe.predict.affinity import AffinityPredictor
@@ -193,22 +194,22 @@ def test_build_manager_compiles_what_it_can():
 
 def test_the_compiled_miss_kinds_follow_the_miss_paths():
     from seqmoe.manager.compiled import layout
-    from seqmoe.manager.paths import MISS_PATHS
+    from seqmoe.manager.miss_paths import MISS_PATHS
 
     kinds = (layout.MISS_COPY, layout.MISS_IN_PLACE, layout.MISS_CPU, layout.MISS_AUTO)
     assert [MISS_PATHS[k] for k in kinds] == ["copy", "in-place", "cpu", "auto"]
     assert layout.PATH_CPU_COPY not in kinds
 
 
-def test_the_kernel_cache_is_keyed_by_every_kernel_module():
+def test_the_kernel_build_dir_is_keyed_by_every_kernel_module():
     """numba checks a cached function against its own file only: every module holding kernels must
-    be hashed into the cache folder's name, or an edit of a callee would keep its old code."""
-    here = Path(_cache.__file__).parent
+    be hashed into the build folder's name, or an edit of a callee would keep its old code."""
+    here = Path(_build_dir.__file__).parent
     jitted = {p.stem for p in here.glob("*.py") if re.search(r"^@jit|nb\.njit", p.read_text(), re.M)}
-    assert jitted <= set(_cache.MODULES)
+    assert jitted <= set(_build_dir.MODULES)
     # so must every module outside the package a kernel module imports constants from
     imports = re.compile(r"^from seqmoe\.((?!manager\.compiled)[\w.]+) import", re.M)
-    outside = {m.replace(".", "/") + ".py" for name in _cache.MODULES
+    outside = {m.replace(".", "/") + ".py" for name in _build_dir.MODULES
                for m in imports.findall((here / f"{name}.py").read_text())}
-    assert outside == set(_cache.CONSTANTS)
-    assert _cache.cache_folder().name != ""
+    assert outside == set(_build_dir.CONSTANTS)
+    assert _build_dir.build_dir().name != ""

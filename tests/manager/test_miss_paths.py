@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.errors import UserError
 from seqmoe.manager import SystemInputs, build_system, start_placement
-from seqmoe.manager.paths import check_miss, paths_bound_time_s
+from seqmoe.manager.miss_paths import check_miss, paths_bound_time_s
 from seqmoe.manager.systems import system_spec
 from seqmoe.sim import simulate
 from seqmoe.manager.counts import summarize

@@ -234,7 +234,7 @@ def test_learns_repeated_routing(tmp_path):
 def test_cli_train_and_eval(tiny_trace, tmp_path, capsys):
     import argparse
 
-    from seqmoe.cli_predict import add_predict_commands
+    from seqmoe.cli.predict import add_predict_commands
     from seqmoe.trace.io import save_trace
 
     parser = argparse.ArgumentParser(prog="seqmoe")

@@ -80,9 +80,9 @@ def run_interpreted(module: str) -> None:
     import sys
     from pathlib import Path
 
-    from seqmoe.runtime import relay_device
+    from seqmoe.runtime.kernels import relay as relay_kernels
 
-    if not relay_device.available():
+    if not relay_kernels.available():
         pytest.skip("no triton with tl.atomic_load")
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(repo / "src"), str(repo),

@@ -16,8 +16,8 @@ import time  # noqa: E402
 import torch  # noqa: E402
 
 from seqmoe.runtime import DecodeGraph  # noqa: E402
-from seqmoe.runtime.host_relay import HostRelay  # noqa: E402
-from seqmoe.runtime.mailbox import Mailbox  # noqa: E402
+from seqmoe.runtime.posted.host_relay import HostRelay  # noqa: E402
+from seqmoe.runtime.posted.mailbox import Mailbox  # noqa: E402
 from tests.runtime.conftest import PROMPT, reference  # noqa: E402
 from tests.runtime.test_host_path import _decode, _full  # noqa: E402
 from tests.runtime.test_host_relay import _offload  # noqa: E402

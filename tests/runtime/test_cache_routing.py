@@ -11,7 +11,7 @@ import torch
 
 from seqmoe.errors import UserError
 from seqmoe.runtime import offload
-from seqmoe.cache_routing import CacheAwareRouting, check_routing
+from seqmoe.rerouting import CacheAwareRouting, check_routing
 from tests.runtime.conftest import fresh, logits, reference, run_interpreted
 
 E = 6
@@ -79,7 +79,7 @@ def test_bad_settings_say_what_is_wrong(routing, max_kl, match):
 
 
 def test_the_device_rule_equals_the_host_rule_under_the_triton_interpreter():
-    """The kernel posted CUDA steps substitute with (`routing_device`), run on the CPU, position by
+    """The kernel posted CUDA steps substitute with (`kernels.rerouting`), run on the CPU, position by
     position against `CacheAwareRouting` (`routing_interp_check`)."""
     run_interpreted("tests.runtime.routing_interp_check")
 
@@ -88,10 +88,11 @@ def test_the_device_rule_equals_the_host_rule_under_the_triton_interpreter():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_captured_cuda_steps_substitute_on_the_device():
     """With a budget the captured step's routing changes (counted on the device); without one it is exact."""
-    from seqmoe.runtime import DecodeGraph, relay_device
+    from seqmoe.runtime import DecodeGraph
+    from seqmoe.runtime.kernels import relay as relay_kernels
     from tests.runtime.conftest import PROMPT, TEST_HW
 
-    if not relay_device.available():
+    if not relay_kernels.available():
         pytest.skip("no triton with tl.atomic_load")
     ids = torch.tensor([PROMPT], device="cuda")
     want = fresh("olmoe").cuda().generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
@@ -118,10 +119,10 @@ def test_posted_decode_steps_substitute_and_the_simulator_counts_the_same():
 
 def posted_steps_replay(on_device: bool) -> None:
     """control="thread" on the CPU: the router hooks of posted steps apply the rule before posting
-    (`on_device`: the kernel of `routing_device`, as on CUDA), so the trace holds the routing the
+    (`on_device`: the kernel of `kernels.rerouting`, as on CUDA), so the trace holds the routing the
     model ran, and replaying it gives the runtime's counts."""
     from seqmoe.manager.systems import SystemInputs, build_system
-    from seqmoe.runtime.routing_device import DeviceCacheRouting
+    from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
     from seqmoe.sim import simulate
     from tests.runtime.conftest import TEST_HW, greedy
 

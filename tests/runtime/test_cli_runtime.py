@@ -1,4 +1,4 @@
-"""`seqmoe generate` (src/seqmoe/cli_runtime.py) on a tiny saved checkpoint.
+"""`seqmoe generate` (src/seqmoe/cli/runtime.py) on a tiny saved checkpoint.
 
 Run: pytest tests/runtime/test_cli_runtime.py -q
 """

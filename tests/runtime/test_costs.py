@@ -10,7 +10,7 @@ from seqmoe.errors import UserError
 from seqmoe.host_cost import host_expert_time_s
 from seqmoe.profiles import ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime import offload
-from seqmoe.runtime.costs import measure_link, measured_profile
+from seqmoe.runtime.core.costs import measure_link, measured_profile
 from tests.runtime.conftest import TEST_HW, fresh, reference
 
 

@@ -16,10 +16,10 @@ from collections import deque
 import pytest
 import torch
 
-from seqmoe.runtime.copier import CopyWorker
-from seqmoe.runtime.fence import ReadFence
-from seqmoe.runtime.mailbox import Mailbox
-from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.core.copier import CopyWorker
+from seqmoe.runtime.posted.fence import ReadFence
+from seqmoe.runtime.posted.mailbox import Mailbox
+from seqmoe.runtime.core.pool import ExpertPool
 
 L, E, P, C = 2, 6, 64, 4
 CPU = torch.device("cpu")

@@ -131,7 +131,7 @@ def test_generate_cli_runs_seqmoe_with_a_predictor(predictor_dir, tmp_path, caps
     import argparse
     import json
 
-    from seqmoe.cli_runtime import add_runtime_commands
+    from seqmoe.cli.runtime import add_runtime_commands
     from seqmoe.trace.io import save_trace
     from tests.collect.tiny_models import save_tiny_checkpoint
 

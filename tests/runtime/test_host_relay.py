@@ -85,7 +85,7 @@ def test_decode_graph_on_the_cpu_runs_the_host_path():
 
 
 def test_the_device_side_under_the_triton_interpreter():
-    """The kernels a CUDA step waits in (`relay_device`), run on the CPU: late, missing and aborted
+    """The kernels a CUDA step waits in (`kernels.relay`), run on the CPU: late, missing and aborted
     answers, and whole posted steps exact through them (`relay_interp_check`)."""
     run_interpreted("tests.runtime.relay_interp_check")
 
@@ -95,11 +95,11 @@ def test_the_device_side_under_the_triton_interpreter():
 @pytest.mark.parametrize("miss", ["cpu", "auto"])
 def test_a_captured_cuda_step_runs_the_host_path_exactly(miss):
     """The host path in CUDA posted steps, eager and captured: the host computes its experts in fp32
-    while the device waits in `relay_device`'s kernels. Greedy tokens equal the full model's on the
+    while the device waits in `kernels.relay`'s kernels. Greedy tokens equal the full model's on the
     GPU; logits within 1e-4 (fp32, different kernels)."""
-    from seqmoe.runtime import relay_device
+    from seqmoe.runtime.kernels import relay as relay_kernels
 
-    if not relay_device.available():
+    if not relay_kernels.available():
         pytest.skip("no triton with tl.atomic_load")
 
     def decode(model):

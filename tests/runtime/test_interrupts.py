@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from seqmoe.runtime import offload
-from seqmoe.runtime.experts import OffloadedExperts
+from seqmoe.runtime.core.experts import OffloadedExperts
 from tests.runtime.conftest import PROMPT, fresh, greedy, reference
 
 REPO = Path(__file__).resolve().parents[2]

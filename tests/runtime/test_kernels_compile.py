@@ -1,5 +1,5 @@
 """The runtime's Triton kernels compile for the H200 (sm_90) on a machine without a GPU, and the
-memory orders their protocols rely on are in the PTX (`mapped`, `relay_device`)."""
+memory orders their protocols rely on are in the PTX (`mapped`, `kernels.relay`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,10 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from seqmoe.runtime import mapped, relay_device, routing_device  # noqa: E402
+from seqmoe.runtime.core import mapped  # noqa: E402
+from seqmoe.runtime.kernels import mapped as mapped_kernels  # noqa: E402
+from seqmoe.runtime.kernels import relay as relay_kernels  # noqa: E402
+from seqmoe.runtime.kernels import rerouting as rerouting_kernels  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 
@@ -25,9 +28,9 @@ def _ptx(fn, args: str, constexprs: dict) -> str:
 
 @pytest.mark.parametrize("dt", ["fp32", "bf16"])
 def test_the_relay_kernels_compile_for_sm90_with_their_memory_orders(dt):
-    if not relay_device.available():
+    if not relay_kernels.available():
         pytest.skip("no triton with tl.atomic_load")
-    k = relay_device._build()
+    k = relay_kernels._build()
     post = _ptx(k["post"], f"x:*{dt} index:*i64 weights:*fp32 posts:*i64 rx:*{dt} rindex:*i64 rweights:*fp64 "
                 "xseq:*i64 layer:i32 L:i32 R:i32 H:i32 K:i32", {"BH": 1024, "BK": 8})
     keep = _ptx(k["keep"], f"index:*i64 weights:*{dt} posts:*i64 on_host:*u8 dseq:*i64 status:*i64 kept:*{dt} "
@@ -43,7 +46,7 @@ def test_the_relay_kernels_compile_for_sm90_with_their_memory_orders(dt):
 
 
 def test_the_gather_and_mailbox_kernels_compile_for_sm90():
-    k = mapped._build_kernels()
+    k = mapped_kernels.build()
     _ptx(k["resolve"], "table:*i32 ids:*i64 skip:*i1 slots:*i32 reads:*i64 K:i32", {"HAS_SKIP": True, "BK": 8})
     _ptx(k["gather"], "pool:*bf16 host:*bf16 slots:*i32 ids:*i64 out:*bf16 P:i32", {"BLOCK": 1024})
     post = _ptx(k["post"], "ids:*i64 weights:*fp32 token:*i64 posts:*i64 box_ids:*i32 box_w:*fp32 box_tok:*i64 "
@@ -53,5 +56,5 @@ def test_the_gather_and_mailbox_kernels_compile_for_sm90():
 
 
 def test_the_cache_aware_routing_kernel_compiles_for_sm90():
-    _ptx(routing_device._build(), "logits:*fp32 weights:*bf16 ids:*i64 assigned:*u8 table:*i32 state:*fp64 "
+    _ptx(rerouting_kernels._build(), "logits:*fp32 weights:*bf16 ids:*i64 assigned:*u8 table:*i32 state:*fp64 "
          "counts:*fp64 out_w:*bf16 out_ids:*i64 layer:i32 E:i32 K:i32", {"BE": 64, "BK": 8})

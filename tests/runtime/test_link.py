@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from seqmoe.errors import UserError
-from seqmoe.runtime.copier import CopyWorker
-from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.core.copier import CopyWorker
+from seqmoe.runtime.core.pool import ExpertPool
 
 CPU = torch.device("cpu")
 L, E, P = 2, 4, 8

@@ -10,7 +10,7 @@ import torch
 
 from seqmoe.collect import moe_layers
 from seqmoe.runtime import offload
-from seqmoe.runtime.experts import OffloadedExperts
+from seqmoe.runtime.core.experts import OffloadedExperts
 from tests.runtime.conftest import fresh, greedy
 
 

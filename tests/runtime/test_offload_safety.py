@@ -13,8 +13,8 @@ import torch
 
 from seqmoe.errors import UserError
 from seqmoe.runtime import offload
-from seqmoe.runtime.build import memory_shortfall
-from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.core.device import memory_shortfall
+from seqmoe.runtime.core.pool import ExpertPool
 from tests.runtime.conftest import fresh, greedy, reference
 
 
@@ -54,7 +54,7 @@ def _still_works(model, arch: str) -> None:
 
 
 def test_out_of_memory_at_pool_allocation_leaves_the_model_as_it_was(monkeypatch):
-    from seqmoe.runtime import build
+    from seqmoe.runtime.core import device as device_module
 
     def oom(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
@@ -63,7 +63,7 @@ def test_out_of_memory_at_pool_allocation_leaves_the_model_as_it_was(monkeypatch
     for p in model.model.layers[0].mlp.experts.parameters():
         p.requires_grad_(False)  # a mix of settings, kept as they were
     before = _state(model)
-    monkeypatch.setattr(build, "_empty", oom)
+    monkeypatch.setattr(device_module, "_empty", oom)
     with pytest.raises(UserError, match=r"offload needs .* GiB on cpu .*slots x .* MiB for the expert pool"):
         offload(model, 0.5, "on-demand-lru")
     monkeypatch.undo()

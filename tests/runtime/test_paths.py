@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from seqmoe.runtime import offload
-from seqmoe.runtime.experts import CPU_IN_PLACE_BYTES, OffloadedExperts
+from seqmoe.runtime.core.experts import CPU_IN_PLACE_BYTES, OffloadedExperts
 from tests.runtime.conftest import fresh, greedy, logits, reference
 
 

@@ -16,11 +16,11 @@ import torch
 
 from seqmoe.errors import UserError
 from seqmoe.runtime import offload
-from seqmoe.runtime.graph import DecodeGraph
-from seqmoe.runtime.mailbox import Mailbox
-from seqmoe.runtime.mapped import gather_rows
-from seqmoe.runtime.fence import ReadFence
-from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.posted.graph import DecodeGraph
+from seqmoe.runtime.posted.mailbox import Mailbox
+from seqmoe.runtime.core.mapped import gather_rows
+from seqmoe.runtime.posted.fence import ReadFence
+from seqmoe.runtime.core.pool import ExpertPool
 from tests.runtime.conftest import PROMPT, TEST_HW, fresh, greedy, reference, run_interpreted
 
 STATIC_CACHE_ARCHS = ["olmoe", "mixtral", "qwen3_moe", "gpt_oss", "qwen2_moe"]
@@ -207,7 +207,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.gpu
 @cuda
 def test_mapped_view_and_triton_gather_on_cuda():
-    from seqmoe.runtime.mapped import device_view
+    from seqmoe.runtime.core.mapped import device_view
 
     host = torch.randn(6, 1000, pin_memory=True)
     view = device_view(host, torch.device("cuda"))
@@ -226,10 +226,10 @@ def test_mapped_view_and_triton_gather_on_cuda():
 @pytest.mark.gpu
 @cuda
 def test_triton_post_equals_the_torch_ops_on_cuda():
-    from seqmoe.runtime import mapped
+    from seqmoe.runtime.kernels import mapped
 
     boxes = []
-    kernels = mapped._kernels()
+    kernels = mapped.kernels()
     assert kernels is not None  # CUDA torch ships triton
     for triton_on in (True, False):
         fence = ReadFence(torch.device("cuda"))

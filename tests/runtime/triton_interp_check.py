@@ -12,9 +12,10 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from seqmoe.runtime import mapped  # noqa: E402
-from seqmoe.runtime.fence import ReadFence  # noqa: E402
-from seqmoe.runtime.mailbox import Mailbox  # noqa: E402
+from seqmoe.runtime.core import mapped  # noqa: E402
+from seqmoe.runtime.kernels import mapped as mapped_kernels  # noqa: E402
+from seqmoe.runtime.posted.fence import ReadFence  # noqa: E402
+from seqmoe.runtime.posted.mailbox import Mailbox  # noqa: E402
 
 
 def check_resolve_and_gather(k: dict) -> None:
@@ -68,7 +69,7 @@ def check_warm(k: dict) -> None:
 
 
 def main() -> None:
-    k = mapped._build_kernels()
+    k = mapped_kernels.build()
     check_resolve_and_gather(k)
     check_warm(k)
     got, want = _posted(k), _posted(None)

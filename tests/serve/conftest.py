@@ -126,7 +126,7 @@ class LiveServer(Server):
     def __init__(self, **load) -> None:
         import uvicorn
 
-        from seqmoe.cli_serve import _bind
+        from seqmoe.cli.serve import _bind
         from seqmoe.serve.api import create_app
         from seqmoe.serve.load import load_engine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from seqmoe.manager.paths import paths_bound_time_s
+from seqmoe.manager.miss_paths import paths_bound_time_s
 
 
 @dataclass
@@ -16,7 +16,7 @@ class SimCounts:
     late: int = 0
     """Hits (copy issued before the reveal) the layer had to wait for."""
     misses: int = 0
-    """Activations neither resident nor on their way at the reveal (served by a path of `seqmoe.manager.paths`)."""
+    """Activations neither resident nor on their way at the reveal (served by a path of `seqmoe.manager.miss_paths`)."""
     in_place: int = 0
     """Misses read in place from the host row (no slot)."""
     host: int = 0
@@ -45,7 +45,7 @@ class SimCounts:
     host_expert_s: float | None = None
     """Host CPU seconds per expert (None: the profile describes no host)."""
     routing: dict | None = None
-    """A replay's cache-aware routing stats (`seqmoe.cache_routing`); None: exact routing."""
+    """A replay's cache-aware routing stats (`seqmoe.rerouting`); None: exact routing."""
 
 
 def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = None) -> dict:
@@ -58,7 +58,7 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
             bound fields are left out without it (a live run does not know its future).
             `bound_time_s` is the copy-only bound (a bound for systems that copy every miss);
             `paths_bound_time_s` holds for every system with these slots, link and host CPU
-            (`seqmoe.manager.paths`).
+            (`seqmoe.manager.miss_paths`).
             `copies_per_belady` is copies / N_opt (None when Belady copies nothing).
     """
     n = c.ready + c.late + c.misses

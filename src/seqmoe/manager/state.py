@@ -27,7 +27,7 @@ from seqmoe.errors import UserError
 from seqmoe.manager.counts import SimCounts
 from seqmoe.host_cost import host_expert_time_s
 from seqmoe.manager.engine import CopyEngine, HostLane, in_place_key
-from seqmoe.manager.paths import auto_path, check_miss
+from seqmoe.manager.miss_paths import auto_path, check_miss
 from seqmoe.manager.placement import check_capacity
 from seqmoe.predict.base import Predictor
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_times_s, token_overhead_s
@@ -48,7 +48,7 @@ class System:
     predictor: Predictor | None = None
     prefetcher: Prefetcher | None = None
     miss: str = "copy"
-    """How misses are served (`seqmoe.manager.paths.MISS_PATHS`)."""
+    """How misses are served (`seqmoe.manager.miss_paths.MISS_PATHS`)."""
     host_only: bool = False
     """Every routed expert runs on the host CPU, resident or not (no slot is used: `cpu-all`)."""
 

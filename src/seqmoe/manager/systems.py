@@ -21,7 +21,7 @@ from seqmoe.errors import UserError
 from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
-from seqmoe.manager.paths import check_miss
+from seqmoe.manager.miss_paths import check_miss
 from seqmoe.manager.state import System
 from seqmoe.predict.base import Predictor
 from seqmoe.predict.expertflow import ExpertFlowPredictor
@@ -50,9 +50,9 @@ class SystemInputs:
     start: tuple[int, ...]
     """The start placement every system shares."""
     predictor: object | None = None
-    """A trained `SeqPredictor` for the seqmoe systems (`seqmoe.predict.cache.seq_predictor_for`)."""
+    """A trained `SeqPredictor` for the seqmoe systems (`seqmoe.predict.checkpoints.seq_predictor_for`)."""
     pregate: object | None = None
-    """Pre-gate rows computed live (`seqmoe.runtime.pregate.LivePregate`), in place of `test`'s recorded ones."""
+    """Pre-gate rows computed live (`seqmoe.runtime.eager.pregate.LivePregate`), in place of `test`'s recorded ones."""
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class SystemSpec:
     """Needs traces with pre-gate scores (`--pregate`): left out of the default system lists and of
     the runtime (which computes no pre-gate yet)."""
     miss: str | None = None
-    """The miss path the system always takes (`seqmoe.manager.paths`); None: the run's `miss` setting."""
+    """The miss path the system always takes (`seqmoe.manager.miss_paths`); None: the run's `miss` setting."""
 
     @property
     def reads_future(self) -> bool:

@@ -11,7 +11,7 @@ training trace (`fit_alphas`: the alpha of a grid that maximises recall@K at d; 
 The pre-gate rows are looked up by position, only ever the row of the position just observed
 (what the hidden state entering that layer says: the present, not the future): in the trace being
 replayed (offline evaluation, the simulator), or computed live from the hidden state by the runtime
-(`seqmoe.runtime.pregate.LivePregate`, the same numbers: `pregate_probs`). The history forecaster
+(`seqmoe.runtime.eager.pregate.LivePregate`, the same numbers: `pregate_probs`). The history forecaster
 may be any predictor (its `forecast(step, horizon)` when it has one, else `predict(step)`).
 """
 
@@ -53,7 +53,7 @@ class PregatePredictor:
 
     Args:
         source: a trace with pre-gate scores, or live rows (an object with `num_layers` and
-            `row(step)` -> [H, E], as `seqmoe.runtime.pregate.LivePregate`).
+            `row(step)` -> [H, E], as `seqmoe.runtime.eager.pregate.LivePregate`).
     """
 
     def __init__(self, source) -> None:

@@ -5,19 +5,20 @@
     model.generate(input_ids, max_new_tokens=32)
     runtime.stats(); runtime.trace(); runtime.restore()
 
-Data plane: `pool` (host blocks, slots, slot table; the slot fence's argument), `fence` (table
-versions the device acknowledged, forwards it completed), `experts` (the swapped-in experts
-module), `mapped` (host memory the device reads in place; the slot-or-host gather), `copier` (the
-copy worker). Control plane: `control` drives the memory manager (`seqmoe.manager`, the
-simulator's state machine) from the routers' outputs (`hooks`) through the simulator's own driver
-loop, so the decisions are the simulator's, either inline in the hooks or on its own thread
-(`control_thread`) fed by the routing `mailbox`; `graph` captures the decode step as a CUDA graph.
-`offload` builds it all-or-nothing (`build`), `handle` is what it returns, `signals` keeps teardown
-whole under Ctrl-C. Needs torch (and transformers for the models).
+`offload` (offload.py) builds it all-or-nothing and returns an `OffloadRuntime` (handle.py). The
+folders are its parts:
+- `core/`: what every engine shares: the pool and its slot table, the copy worker, the controller
+  that drives the memory manager (`seqmoe.manager`, the simulator's own state machine), the experts
+  module swapped into the model and the front that finds each routed expert's weights;
+- `eager/`: the router hooks feeding the controller inline, the host CPU executor;
+- `posted/`: decode steps that post their routing to a mailbox and never wait for the host (the
+  control thread, the slot fence, the host relay, `DecodeGraph`'s CUDA graph);
+- `kernels/`: the posted engine's Triton kernels.
+docs/decode.md tells one decode step end to end. Needs torch (and transformers for the models).
 """
 
 from seqmoe.manager.systems import live_systems
-from seqmoe.runtime.graph import DecodeGraph
+from seqmoe.runtime.posted.graph import DecodeGraph
 from seqmoe.runtime.offload import OffloadRuntime, measure_profile, offload
 
 __all__ = ["offload", "OffloadRuntime", "DecodeGraph", "live_systems", "measure_profile"]

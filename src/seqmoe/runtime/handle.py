@@ -19,8 +19,8 @@ import torch
 from seqmoe.errors import UserError
 from seqmoe.manager import summarize
 from seqmoe.profiles import HardwareProfile, ModelProfile
-from seqmoe.runtime.experts import OffloadedExperts
-from seqmoe.runtime.signals import deferred_interrupts, shield_off
+from seqmoe.runtime.core.experts import OffloadedExperts
+from seqmoe.runtime.core.signals import deferred_interrupts, shield_off
 from seqmoe.trace.schema import RoutingTrace
 
 def _shutdown(thread, worker, host) -> None:
@@ -88,7 +88,7 @@ class OffloadRuntime:
 
     @property
     def miss(self) -> str:
-        """How this runtime serves misses (`seqmoe.manager.paths`; its system's, or `offload`'s default)."""
+        """How this runtime serves misses (`seqmoe.manager.miss_paths`; its system's, or `offload`'s default)."""
         return self.controller.system.miss
 
     def _wrappers(self) -> list[OffloadedExperts]:

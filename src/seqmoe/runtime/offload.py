@@ -31,28 +31,28 @@ from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_MISS, DEFAULT_RUNTIM
 from seqmoe.errors import UserError
 from seqmoe.host_cost import has_host_path, host_expert_time_s
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
-from seqmoe.manager.paths import check_miss
+from seqmoe.manager.miss_paths import check_miss
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
-from seqmoe.runtime.build import Undo, allocate_slots, check_device_memory, move_model, resolve_device
-from seqmoe.cache_routing import CacheAwareRouting, check_routing
-from seqmoe.runtime.host_exec import HostExecutor
-from seqmoe.runtime.host_relay import HostRelay
-from seqmoe.runtime.control import Controller
-from seqmoe.runtime.control_thread import ControlThread
-from seqmoe.runtime.copier import CopyWorker
-from seqmoe.runtime.costs import MEASURED, measure_host_expert_s, measure_link, measured_profile
-from seqmoe.runtime.experts import OffloadedExperts
-from seqmoe.runtime.fence import ReadFence
+from seqmoe.runtime.core.device import Undo, allocate_slots, check_device_memory, move_model, resolve_device
+from seqmoe.rerouting import CacheAwareRouting, check_routing
+from seqmoe.runtime.eager.host_exec import HostExecutor
+from seqmoe.runtime.posted.host_relay import HostRelay
+from seqmoe.runtime.core.controller import Controller
+from seqmoe.runtime.posted.control_thread import ControlThread
+from seqmoe.runtime.core.copier import CopyWorker
+from seqmoe.runtime.core.costs import MEASURED, measure_host_expert_s, measure_link, measured_profile
+from seqmoe.runtime.core.experts import OffloadedExperts
+from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.handle import OffloadRuntime
-from seqmoe.runtime.hooks import install_hooks
-from seqmoe.runtime.mailbox import Mailbox
-from seqmoe.runtime.pool import ExpertPool
-from seqmoe.runtime import relay_device
-from seqmoe.runtime.pregate import LivePregate
-from seqmoe.runtime.routing_device import DeviceCacheRouting
+from seqmoe.runtime.eager.hooks import install_hooks
+from seqmoe.runtime.posted.mailbox import Mailbox
+from seqmoe.runtime.core.pool import ExpertPool
+from seqmoe.runtime.kernels import relay as relay_kernels
+from seqmoe.runtime.eager.pregate import LivePregate
+from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
-from seqmoe.runtime.signals import shield_off, shield_on
+from seqmoe.runtime.core.signals import shield_off, shield_on
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
 
 __all__ = ["offload", "OffloadRuntime", "measure_profile"]
@@ -158,8 +158,8 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         routing: "exact" (default) or "cache-aware": a missing routed expert may be swapped for a
             resident one the router scored close to it, each token spending at most `max_kl`
             nats of KL divergence from the router's distribution (`cache_routing`; posted steps
-            on CUDA apply it in a kernel, `routing_device`).
-        miss: how a miss is served (`seqmoe.manager.paths`): "copy" into a slot, "in-place"
+            on CUDA apply it in a kernel, `kernels.rerouting`).
+        miss: how a miss is served (`seqmoe.manager.miss_paths`): "copy" into a slot, "in-place"
             (read from its host row, no slot), "cpu" (computed on the host CPU by
             `host_exec.HostExecutor` while the device computes the rest; with control="thread"
             through `host_relay`; on CUDA that needs triton) or "auto" (chosen per miss from the cost
@@ -174,7 +174,7 @@ def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = D
         check_miss(miss)
     plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
                  hardware=hardware, control=control, replay=replay, miss=miss, emulate_link=emulate_link)
-    if plan.control == "thread" and plan.device.type == "cuda" and not relay_device.available():
+    if plan.control == "thread" and plan.device.type == "cuda" and not relay_kernels.available():
         needs = [f"miss={plan.system.miss!r}"] if _on_host_cpu(plan.system) else []
         needs += ["cache-aware routing"] if routing != "exact" else []
         if needs:

@@ -6,7 +6,7 @@
     ...
     served.close()   # stops the engine, then the runtime
 
-Loading follows `seqmoe generate` (src/seqmoe/cli_runtime.py): the model is loaded on the CPU,
+Loading follows `seqmoe generate` (src/seqmoe/cli/runtime.py): the model is loaded on the CPU,
 then `seqmoe.offload` packs its routed experts into host memory and moves only the dense rest.
 """
 
@@ -52,7 +52,7 @@ def load_engine(model: str, *, residency: float = DEFAULT_RUNTIME_RESIDENCY, sys
 
     from seqmoe.collect import load_model
     from seqmoe.manager import system_spec
-    from seqmoe.predict.cache import seq_predictor_for
+    from seqmoe.predict.checkpoints import seq_predictor_for
     from seqmoe.runtime import offload
     from seqmoe.trace.io import load_trace
 

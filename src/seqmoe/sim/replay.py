@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
-from seqmoe.cache_routing import CacheAwareRouting
+from seqmoe.rerouting import CacheAwareRouting
 from seqmoe.errors import UserError
 from seqmoe.manager import Driver, System, build_manager
 from seqmoe.manager.counts import SimCounts
@@ -33,7 +33,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         progress: show a progress bar.
         compiled: let the compiled manager run the systems it can (`seqmoe.manager.build_manager`);
             False: the reference Python state machine (the same decisions, slower).
-        max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.cache_routing`;
+        max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.rerouting`;
             the trace must hold `router_logits`); None: the recorded routing.
 
     Returns:

@@ -20,7 +20,7 @@ from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
 from seqmoe.manager import SystemInputs, build_system, capacity_for, check_residency, start_placement, summarize
 from seqmoe.manager.systems import check_systems, system_spec
-from seqmoe.predict.cache import seq_predictor_for
+from seqmoe.predict.checkpoints import seq_predictor_for
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.trace.io import load_trace

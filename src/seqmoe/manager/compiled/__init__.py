@@ -3,12 +3,12 @@
 `CompiledManager` runs the same decisions as `seqmoe.manager.state.MemoryManager` for systems made
 of an LRU or forecast (probabilistic Belady) eviction policy, no scheduler or the deadline
 scheduler, any predictor whose forecasts span at most 2 L positions, and every miss path but
-`cpu-all`'s (`seqmoe.manager.paths`); `compilable(system)` says whether a system qualifies. `seqmoe.manager.build_manager` picks it when it can.
+`cpu-all`'s (`seqmoe.manager.miss_paths`); `compilable(system)` says whether a system qualifies. `seqmoe.manager.build_manager` picks it when it can.
 """
 
-from seqmoe.manager.compiled._cache import kernel_cache
+from seqmoe.manager.compiled._build_dir import use_build_dir
 
-with kernel_cache():
+with use_build_dir():
     from seqmoe.manager.compiled.manager import CompiledManager, compilable
 
 __all__ = ["CompiledManager", "compilable"]

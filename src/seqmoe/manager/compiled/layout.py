@@ -9,6 +9,8 @@ observer (the runtime's data plane) go to `EV` (int64 [cap, 3]: kind, uid, deadl
 
 from __future__ import annotations
 
+from seqmoe.manager.miss_paths import MISS_PATHS
+
 # -- per-uid int fields (rows of I) ---------------------------------------------------------------
 PRESENT = 0  # resident, or its copy issued
 UNUSED_PF = 1  # prefetched and not used yet
@@ -86,8 +88,8 @@ NG = 18
 POLICY_LRU, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS = 0, 1, 2
 PREFETCH_NONE, PREFETCH_DEADLINE = 0, 1
 EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT, EV_OFF_POOL = 1, 2, 3, 4, 5  # EV_OFF_POOL: deadline field 1 on host
-MISS_COPY, MISS_IN_PLACE, MISS_CPU, MISS_AUTO = 0, 1, 2, 3  # the order of `seqmoe.manager.paths.MISS_PATHS`
-PATH_CPU_COPY = 4  # on the host now, and copied into a slot behind (`seqmoe.manager.paths.auto_path`)
+MISS_COPY, MISS_IN_PLACE, MISS_CPU, MISS_AUTO = (MISS_PATHS.index(p) for p in ("copy", "in-place", "cpu", "auto"))
+PATH_CPU_COPY = len(MISS_PATHS)  # on the host now, and copied into a slot behind (`seqmoe.manager.miss_paths.auto_path`)
 
 # -- errors returned by the kernels -----------------------------------------------------------------
 OK, ERR_NO_SLOT = 0, 1

@@ -10,7 +10,8 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-from seqmoe.manager.compiled import deadline, engine, forecast, ops, paths
+from seqmoe.manager.compiled import deadline, engine, forecast, ops
+from seqmoe.manager.compiled import miss_paths
 from seqmoe.manager.compiled.layout import (
     ADDED, CAP, DONE_AT, ERR_NO_SLOT, EV_PROMOTE, FINISH, LATE, LAYER_S, L_, MISS, MISSES, MISS_COPY, NOW, NUM_PRESENT,
     OK, PACE, PACE_WEIGHT, PATH_CPU_COPY, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
@@ -96,14 +97,14 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
             continue
         S[MISSES] += 1
         victim = -1
-        if S[MISS] != MISS_COPY:  # the miss paths (`seqmoe.manager.paths`)
-            path, victim = paths.choose(I, F, S, G, DQ, TAB, DISC, u, reveal)
+        if S[MISS] != MISS_COPY:  # the miss paths (`seqmoe.manager.miss_paths`)
+            path, victim = miss_paths.choose(I, F, S, G, DQ, TAB, DISC, u, reveal)
             if path == PATH_CPU_COPY:  # the policy hears of the use when the copy lands
-                paths.on_host(S, G, EV, u, reveal)
+                miss_paths.on_host(S, G, EV, u, reveal)
                 ops.prefetch(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, u, step + S[L_], victim)
                 continue
             if path != MISS_COPY:
-                reads += paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, path, step, reveal)
+                reads += miss_paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, path, step, reveal)
                 continue
         # The victims can be listed once the policy stands at this position (keep values stay then).
         elif S[NUM_PRESENT] >= S[CAP] and nq >= 0 and S[POL_STEP] == step:

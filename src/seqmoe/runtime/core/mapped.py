@@ -12,11 +12,12 @@ part. On the CPU the host memory *is* the device memory: `device_view` returns t
 from its pool slot when the slot table says it has one, else straight from its host row: a miss is
 served by the device reading host memory, never by waiting for the host. It first resolves the K
 table entries into device memory (one small kernel, reading the mapped table once per row with
-volatile loads), then gathers (the slot fence in `pool` relies on that order). `post_kernel`
+volatile loads), then gathers (the slot fence relies on that order: docs/decode.md). `post_kernel`
 writes one layer's routing into the mailbox and acknowledges the table version
-(`mailbox.Mailbox.post`, `fence`). On CUDA each step is a Triton kernel (the gather reads only the
-chosen source of each row); elsewhere, or without triton, torch ops with the same result. Checked against each other on CUDA (tests/runtime/test_thread.py) and here under
-`TRITON_INTERPRET=1`.
+(`posted.mailbox.Mailbox.post`, `posted.fence`). On CUDA each step is a Triton kernel
+(`seqmoe.runtime.kernels.mapped`; the gather reads only the chosen source of each row); elsewhere,
+or without triton, torch ops with the same result. Checked against each other on CUDA
+(tests/runtime/test_thread.py) and here under `TRITON_INTERPRET=1`.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import torch
 
 from seqmoe.errors import UserError
+from seqmoe.runtime.kernels import mapped as mapped_kernels
 
 
 class _CudaArray:
@@ -68,10 +70,11 @@ def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids
     n, p = out.shape
     if slots is None:
         slots = torch.empty((n,), dtype=torch.int32, device=out.device)
-    if out.device.type == "cuda" and _kernels() is not None:
-        _kernels()["resolve"][(1,)](table, ids, skip if skip is not None else ids, slots, reads, n,
-                                    HAS_SKIP=skip is not None, BK=max(2, 1 << (n - 1).bit_length()))
-        _kernels()["gather"][(n, -(-p // _BLOCK))](pool, host, slots, ids, out, p, BLOCK=_BLOCK)
+    k = mapped_kernels.kernels() if out.device.type == "cuda" else None
+    if k is not None:
+        k["resolve"][(1,)](table, ids, skip if skip is not None else ids, slots, reads, n,
+                           HAS_SKIP=skip is not None, BK=max(2, 1 << (n - 1).bit_length()))
+        k["gather"][(n, -(-p // mapped_kernels.BLOCK))](pool, host, slots, ids, out, p, BLOCK=mapped_kernels.BLOCK)
         return out
     _resolve(table, ids, skip, slots, reads)
     hit = (slots >= 0).unsqueeze(1)
@@ -93,82 +96,5 @@ def _resolve(table: torch.Tensor, ids: torch.Tensor, skip: torch.Tensor | None, 
 
 def post_kernel(device: torch.device):
     """The Triton kernel of `Mailbox.post` on CUDA, or None (then torch ops do the same)."""
-    return _kernels()["post"] if device.type == "cuda" and _kernels() is not None else None
-
-
-_BLOCK = 1024
-_KERNELS: dict | None = None
-_TRIED = False
-
-
-def _kernels() -> dict | None:
-    """The Triton kernels, built once; None (torch ops instead, slower: a miss-tolerant gather then
-    reads every routed row from the host too) when triton is missing."""
-    global _KERNELS, _TRIED
-    if not _TRIED:
-        _TRIED = True
-        try:
-            _KERNELS = _build_kernels()
-        except ImportError:
-            import warnings
-
-            warnings.warn("triton is not installed: the CUDA decode step uses slower torch ops (pip install triton)",
-                          stacklevel=3)
-    return _KERNELS
-
-
-def _build_kernels() -> dict:
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def resolve(table, ids, skip, slots, reads, K, HAS_SKIP: tl.constexpr, BK: tl.constexpr):
-        k = tl.arange(0, BK)
-        m = k < K
-        e = tl.load(ids + k, mask=m, other=0).to(tl.int64)
-        s = tl.load(table + e, mask=m, other=0, volatile=True)  # the host writes the table: no cached copy
-        if HAS_SKIP:
-            s = tl.where(tl.load(skip + k, mask=m, other=0) != 0, -2, s)
-        tl.store(slots + k, s, mask=m)
-        tl.atomic_add(reads, tl.sum((m & (s >= 0)).to(tl.int64), axis=0))
-        tl.atomic_add(reads + 1, tl.sum((m & (s == -1)).to(tl.int64), axis=0))
-
-    @triton.jit
-    def gather(pool, host, slots, ids, out, P, BLOCK: tl.constexpr):
-        row = tl.program_id(0)
-        chunk = tl.program_id(1)
-        cols = chunk * BLOCK + tl.arange(0, BLOCK)
-        mask = cols < P
-        e = tl.load(ids + row).to(tl.int64)
-        slot = tl.load(slots + row).to(tl.int64)
-        if slot >= 0:
-            vals = tl.load(pool + slot * P + cols, mask=mask)
-            tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
-        elif slot == -1:
-            vals = tl.load(host + e * P + cols, mask=mask)
-            tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
-        else:  # skipped: nothing is read
-            tl.store(out + row.to(tl.int64) * P + cols, tl.zeros((BLOCK,), tl.float32), mask=mask)
-
-    @triton.jit(do_not_specialize=["layer"])
-    def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, K,
-             HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr):
-        n = tl.load(posts)
-        if HAS_FENCE:
-            prev = tl.load(snap)  # loaded by every thread before the barrier below, stored after it
-        step = n // L
-        at = (step % R) * L + layer
-        k = tl.arange(0, BK)
-        m = k < K
-        tl.store(box_ids + at * K + k, tl.load(ids + k, mask=m).to(tl.int32), mask=m)
-        tl.store(box_w + at * K + k, tl.load(weights + k, mask=m).to(tl.float32), mask=m)
-        if HAS_TOKEN:
-            tl.store(box_tok + step % R, tl.load(token).to(tl.int64))
-        tl.debug_barrier()  # every thread's routing stores happen before the release below
-        tl.atomic_xchg(box_seq + at, step, sem="release", scope="sys")  # the host sees routing, then the number
-        tl.store(posts, n + 1)
-        if HAS_FENCE:  # the previous layer's reads are done (stream order): acknowledge, then snapshot
-            tl.atomic_xchg(acked, prev, sem="release", scope="sys")
-            tl.store(snap, tl.load(version, volatile=True))
-
-    return {"resolve": resolve, "gather": gather, "post": post}
+    k = mapped_kernels.kernels() if device.type == "cuda" else None
+    return k["post"] if k is not None else None

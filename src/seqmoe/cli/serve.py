@@ -17,7 +17,7 @@ import socket
 import sys
 from pathlib import Path
 
-from seqmoe.cli_runtime import add_offload_flags
+from seqmoe.cli.runtime import add_offload_flags
 from seqmoe.errors import UserError
 
 

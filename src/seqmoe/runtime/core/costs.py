@@ -83,7 +83,7 @@ def model_host_expert_s(model) -> float:
     """`measure_host_expert_s` for a model that is not offloaded: one expert of its first MoE layer,
     packed into host memory for the measurement, round trip from the model's device."""
     from seqmoe.arch import model_arch
-    from seqmoe.runtime.host_exec import HostExecutor
+    from seqmoe.runtime.eager.host_exec import HostExecutor
 
     arch = model_arch(model)
     experts = arch.moe[0].experts

@@ -24,8 +24,8 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.runtime.fence import ReadFence
-from seqmoe.runtime.mapped import device_view, post_kernel
+from seqmoe.runtime.posted.fence import ReadFence
+from seqmoe.runtime.core.mapped import device_view, post_kernel
 
 RING = 64
 """Decode steps the mailbox holds."""

@@ -22,7 +22,7 @@ from seqmoe.config import (
     COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_MISS, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM, ROUTINGS,
 )
 from seqmoe.errors import UserError
-from seqmoe.manager.paths import MISS_PATHS
+from seqmoe.manager.miss_paths import MISS_PATHS
 
 
 def add_offload_flags(p: argparse.ArgumentParser) -> None:
@@ -116,7 +116,7 @@ def run_generate(args) -> int:
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     from seqmoe.collect import load_model
-    from seqmoe.predict.cache import seq_predictor_for
+    from seqmoe.predict.checkpoints import seq_predictor_for
     from seqmoe.manager import system_spec
     from seqmoe.runtime import offload
     from seqmoe.trace.io import load_trace
@@ -148,7 +148,7 @@ def run_generate(args) -> int:
     t0 = time.perf_counter()
     with torch.no_grad():
         if args.graph:
-            from seqmoe.runtime.graph import DecodeGraph
+            from seqmoe.runtime.posted.graph import DecodeGraph
 
             out = DecodeGraph(runtime, ids.shape[1] + args.max_new_tokens).generate(
                 ids, args.max_new_tokens, eos_token_id=tok.eos_token_id)
@@ -199,7 +199,7 @@ def run_bench(args) -> int:
     if not systems:
         raise UserError("--systems is empty")
     from seqmoe.collect import load_model
-    from seqmoe.runtime.bench import PROMPTS, bench_runtime, format_table
+    from seqmoe.bench.decode import PROMPTS, bench_runtime, format_table
     from seqmoe.trace.io import load_trace
 
     import torch

@@ -1,7 +1,7 @@
 """The host expert executor: routed experts computed on the CPU, next to their host weights.
 
 When the memory manager serves a miss on the host CPU (`miss="cpu"` or `"auto"`,
-`seqmoe.manager.paths`), the layer's experts split in two: the device computes the experts in
+`seqmoe.manager.miss_paths`), the layer's experts split in two: the device computes the experts in
 slots (or read in place) while this executor's one worker thread computes the others from views of
 their host rows (no copy) and hands back their summed output, which the device adds. Each host
 expert runs the model's own experts forward on a one-expert view, every routed slot pointing at it

@@ -51,9 +51,9 @@ import numpy as np
 import torch
 
 from seqmoe.manager import Driver, System
-from seqmoe.runtime.copier import CopyWorker
-from seqmoe.runtime.pool import ExpertPool
-from seqmoe.runtime.signals import critical
+from seqmoe.runtime.core.copier import CopyWorker
+from seqmoe.runtime.core.pool import ExpertPool
+from seqmoe.runtime.core.signals import critical
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 

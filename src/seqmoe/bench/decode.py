@@ -35,7 +35,7 @@ from seqmoe.errors import UserError
 from seqmoe.host_cost import host_fields
 from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
 from seqmoe.profiles import HardwareProfile, ModelProfile, full_load_token_s
-from seqmoe.runtime.costs import model_host_expert_s
+from seqmoe.runtime.core.costs import model_host_expert_s
 from seqmoe.runtime.offload import measure_profile, offload
 from seqmoe.trace.schema import RoutingTrace
 
@@ -155,7 +155,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
             default: one trained for `predictor_minutes` on `train`.
         link_ratio: one expert copy takes this many times one layer's measured expert compute.
         log: called with progress lines.
-        miss: how the systems serve misses (`seqmoe.manager.paths`; default: `offload`'s); the host
+        miss: how the systems serve misses (`seqmoe.manager.miss_paths`; default: `offload`'s); the host
             CPU's time per expert is that of this CPU's host path, measured at start (`costs`), held
             in the host executor.
         control: where the control plane runs (`offload`; default: inline on the CPU).

@@ -28,13 +28,13 @@ import torch
 from seqmoe.arch import cache_kwarg, model_arch
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import SYSTEMS
-from seqmoe.runtime.bench import expert_layer_seconds, measured_hardware
-from seqmoe.runtime import costs
-from seqmoe.runtime.costs import model_host_expert_s
-from seqmoe.runtime.graph import DecodeGraph
-from seqmoe.runtime.mapped import device_view
+from seqmoe.bench.decode import expert_layer_seconds, measured_hardware
+from seqmoe.runtime.core import costs
+from seqmoe.runtime.core.costs import model_host_expert_s
+from seqmoe.runtime.posted.graph import DecodeGraph
+from seqmoe.runtime.core.mapped import device_view
 from seqmoe.runtime.offload import measure_profile, offload
-from seqmoe.runtime.realsize import ForcedRouting
+from seqmoe.bench.forced import ForcedRouting
 from seqmoe.trace.schema import RoutingTrace
 
 _STATS = ("hit_rate", "ready_rate", "late_rate", "miss_rate", "prefetches", "wasted_copies", "copies", "sim_copies",

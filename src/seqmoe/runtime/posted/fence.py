@@ -20,7 +20,7 @@ from collections import deque
 
 import torch
 
-from seqmoe.runtime.mapped import device_view
+from seqmoe.runtime.core.mapped import device_view
 
 
 class ReadFence:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 
-from seqmoe.runtime.mailbox import Mailbox
+from seqmoe.runtime.posted.mailbox import Mailbox
 
 
 class ControlThread:

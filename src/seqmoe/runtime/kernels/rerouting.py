@@ -1,4 +1,4 @@
-"""Cache-aware routing (`seqmoe.cache_routing`) as one device kernel, for posted decode steps on
+"""Cache-aware routing (`seqmoe.rerouting`) as one device kernel, for posted decode steps on
 CUDA: the router's output is rewritten on the device from the pool's mapped state, so the step
 reads no host value and stays capturable.
 
@@ -21,7 +21,7 @@ import functools
 import numpy as np
 import torch
 
-from seqmoe.runtime.mapped import device_view
+from seqmoe.runtime.core.mapped import device_view
 
 COUNTS = ("substitutions", "kl_total", "tokens", "activations", "refused")
 """The words of the mapped counts, in order."""

@@ -1,4 +1,4 @@
-"""The miss paths of `seqmoe.manager.paths`, compiled: which path serves a miss (`auto_path`'s rule,
+"""The miss paths of `seqmoe.manager.miss_paths`, compiled: which path serves a miss (`auto_path`'s rule,
 decision for decision), the host CPU's lane, and a miss served off the pool."""
 
 from __future__ import annotations

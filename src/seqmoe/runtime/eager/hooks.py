@@ -22,7 +22,7 @@ import torch
 
 from seqmoe.arch import unpack_router_output
 from seqmoe.errors import UserError
-from seqmoe.runtime.control import Controller
+from seqmoe.runtime.core.controller import Controller
 
 
 def install_hooks(controller: Controller, model: torch.nn.Module, routers: list[torch.nn.Module]) -> list:

@@ -13,7 +13,7 @@ import torch
 
 from seqmoe.arch import ExpertLayout
 from seqmoe.errors import UserError
-from seqmoe.runtime.signals import deferred_interrupts
+from seqmoe.runtime.core.signals import deferred_interrupts
 
 _GIB, _MIB = float(1 << 30), float(1 << 20)
 

@@ -27,7 +27,7 @@ import functools
 
 import torch
 
-from seqmoe.runtime.mapped import device_view
+from seqmoe.runtime.core.mapped import device_view
 
 KEEP_SPINS = 1 << 22
 """Polls of the decision flag before the step computes the layer itself (seconds over PCIe)."""
@@ -115,6 +115,6 @@ def available() -> bool:
 
 @functools.cache
 def _build() -> dict:
-    from seqmoe.runtime import relay_triton
+    from seqmoe.runtime.kernels import relay_triton
 
     return {"post": relay_triton.post, "keep": relay_triton.keep, "add": relay_triton.add}

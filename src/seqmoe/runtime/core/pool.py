@@ -74,8 +74,8 @@ import numpy as np
 import torch
 
 from seqmoe.errors import UserError
-from seqmoe.runtime.fence import ReadFence
-from seqmoe.runtime.mapped import device_view, gather_rows
+from seqmoe.runtime.posted.fence import ReadFence
+from seqmoe.runtime.core.mapped import device_view, gather_rows
 
 _NEAR = 16  # how far from its home slot `assign` looks for a free slot before taking any
 

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from seqmoe.errors import UserError
-from seqmoe.runtime.relay_device import ABORT, FAILURES, FALLBACKS, RelayKernels
+from seqmoe.runtime.kernels.relay import ABORT, FAILURES, FALLBACKS, RelayKernels
 
 SPINS = 200
 """Tight polls before each wait starts sleeping between polls."""

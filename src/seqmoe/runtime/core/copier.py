@@ -13,7 +13,7 @@ import heapq
 import threading
 import time
 
-from seqmoe.runtime.pool import ExpertPool
+from seqmoe.runtime.core.pool import ExpertPool
 
 
 class CopyWorker:

@@ -1,7 +1,7 @@
 """The real-size harness at reduced width on the CPU: published shapes, routers forced to a trace,
 the full model against offloaded systems (oracles included) on the same routing.
 
-Run: pytest tests/runtime/test_realsize.py -q
+Run: pytest tests/bench/test_replay.py -q
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from seqmoe.errors import UserError
 from seqmoe.runtime import offload
 from seqmoe.arch.published import build_model
-from seqmoe.runtime.realsize import ForcedRouting, layers_of
-from seqmoe.runtime.replay_bench import replay_bench
+from seqmoe.bench.forced import ForcedRouting, layers_of
+from seqmoe.bench.replay import replay_bench
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 DIVISOR = 32  # hidden 64: the same 26 MoE layers x 64 experts, top-6, at a CPU's pace
@@ -110,7 +110,7 @@ def test_the_profile_of_a_full_model_leaves_its_routed_experts_out():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_link_measures_as_a_pcie_link():
-    from seqmoe.runtime.replay_bench import measure_link
+    from seqmoe.bench.replay import measure_link
 
     link = measure_link(17_301_504, torch.device("cuda"))  # one DeepSeek-V2-Lite expert, bf16
     assert 1e9 < link["h2d_bytes_per_s"] < 1e11 and 0 <= link["copy_overhead_s"] < 1e-3

@@ -1,6 +1,6 @@
-"""`seqmoe bench-runtime` (src/seqmoe/runtime/bench.py) on a tiny random OLMoE: a fast smoke test.
+"""`seqmoe bench-runtime` (src/seqmoe/bench/decode.py) on a tiny random OLMoE: a fast smoke test.
 
-Run: pytest tests/runtime/test_bench.py -q
+Run: pytest tests/bench/test_decode.py -q
 """
 
 from __future__ import annotations

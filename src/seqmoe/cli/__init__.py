@@ -16,12 +16,12 @@ import json
 import shlex
 import sys
 
-from seqmoe.bench.plot import plot_results
-from seqmoe.bench.report import format_table, read_jsonl, write_jsonl
-from seqmoe.cli_predict import add_predict_commands
-from seqmoe.cli_runtime import add_runtime_commands
-from seqmoe.cli_serve import add_serve_commands
-from seqmoe.cli_trace import add_trace_commands
+from seqmoe.report.plot import plot_results
+from seqmoe.report.table import format_table, read_jsonl, write_jsonl
+from seqmoe.cli.predict import add_predict_commands
+from seqmoe.cli.runtime import add_runtime_commands
+from seqmoe.cli.serve import add_serve_commands
+from seqmoe.cli.trace import add_trace_commands
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import ROLES, SYSTEMS, baselines, check_systems, systems_with

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numba
 
-MODULES = ("layout", "engine", "recency", "prior", "forecast", "policies", "ops", "paths", "deadline", "step")
+MODULES = ("layout", "engine", "recency", "prior", "forecast", "policies", "ops", "miss_paths", "deadline", "step")
 """The kernel modules of this package, in import order."""
-CONSTANTS = ("cache/reuse.py",)
+CONSTANTS = ("cache/reuse.py", "manager/miss_paths.py")
 """Modules outside this package whose globals the kernels read (numba freezes them into the code)."""
 
 
-def cache_folder() -> Path:
+def build_dir() -> Path:
     """$SEQMOE_CACHE/numba/<hash>: the folder of this version of the kernels."""
     h = hashlib.sha256(f"{numba.__version__} {sys.version}".encode())
     here = Path(__file__).parent
@@ -35,11 +35,11 @@ def cache_folder() -> Path:
 
 
 @contextlib.contextmanager
-def kernel_cache():
-    """While the kernel modules are imported, numba caches into `cache_folder()`."""
+def use_build_dir():
+    """While the kernel modules are imported, numba keeps its compiled code in `build_dir()`."""
     before = numba.config.CACHE_DIR
     try:
-        folder = cache_folder()
+        folder = build_dir()
         folder.mkdir(parents=True, exist_ok=True)
         numba.config.CACHE_DIR = str(folder)
     except OSError:  # no writable cache: numba falls back to its own places

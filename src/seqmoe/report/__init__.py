@@ -1,0 +1,1 @@
+"""Result tables, JSONL files and plots."""

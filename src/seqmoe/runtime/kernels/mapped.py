@@ -1,0 +1,86 @@
+"""The Triton kernels of a posted step over mapped host memory (`seqmoe.runtime.core.mapped`):
+`resolve` reads the K routed experts' slot-table entries (volatile: the host writes the table),
+`gather` copies each routed row from its slot or its host block, `post` writes one layer's routing
+into the mailbox and acknowledges the slot table's version (`posted.mailbox`, `posted.fence`).
+`kernels()` builds them once; None without triton (torch ops then do the same, slower).
+"""
+
+from __future__ import annotations
+
+BLOCK = 1024
+"""Columns of a row one program of the gather copies."""
+_KERNELS: dict | None = None
+_TRIED = False
+
+
+def kernels() -> dict | None:
+    """The Triton kernels, built once; None (torch ops instead, slower: a miss-tolerant gather then
+    reads every routed row from the host too) when triton is missing."""
+    global _KERNELS, _TRIED
+    if not _TRIED:
+        _TRIED = True
+        try:
+            _KERNELS = build()
+        except ImportError:
+            import warnings
+
+            warnings.warn("triton is not installed: the CUDA decode step uses slower torch ops (pip install triton)",
+                          stacklevel=3)
+    return _KERNELS
+
+
+def build() -> dict:
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def resolve(table, ids, skip, slots, reads, K, HAS_SKIP: tl.constexpr, BK: tl.constexpr):
+        k = tl.arange(0, BK)
+        m = k < K
+        e = tl.load(ids + k, mask=m, other=0).to(tl.int64)
+        s = tl.load(table + e, mask=m, other=0, volatile=True)  # the host writes the table: no cached copy
+        if HAS_SKIP:
+            s = tl.where(tl.load(skip + k, mask=m, other=0) != 0, -2, s)
+        tl.store(slots + k, s, mask=m)
+        tl.atomic_add(reads, tl.sum((m & (s >= 0)).to(tl.int64), axis=0))
+        tl.atomic_add(reads + 1, tl.sum((m & (s == -1)).to(tl.int64), axis=0))
+
+    @triton.jit
+    def gather(pool, host, slots, ids, out, P, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        cols = chunk * BLOCK + tl.arange(0, BLOCK)
+        mask = cols < P
+        e = tl.load(ids + row).to(tl.int64)
+        slot = tl.load(slots + row).to(tl.int64)
+        if slot >= 0:
+            vals = tl.load(pool + slot * P + cols, mask=mask)
+            tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
+        elif slot == -1:
+            vals = tl.load(host + e * P + cols, mask=mask)
+            tl.store(out + row.to(tl.int64) * P + cols, vals, mask=mask)
+        else:  # skipped: nothing is read
+            tl.store(out + row.to(tl.int64) * P + cols, tl.zeros((BLOCK,), tl.float32), mask=mask)
+
+    @triton.jit(do_not_specialize=["layer"])
+    def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, K,
+             HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr):
+        n = tl.load(posts)
+        if HAS_FENCE:
+            prev = tl.load(snap)  # loaded by every thread before the barrier below, stored after it
+        step = n // L
+        at = (step % R) * L + layer
+        k = tl.arange(0, BK)
+        m = k < K
+        tl.store(box_ids + at * K + k, tl.load(ids + k, mask=m).to(tl.int32), mask=m)
+        tl.store(box_w + at * K + k, tl.load(weights + k, mask=m).to(tl.float32), mask=m)
+        if HAS_TOKEN:
+            tl.store(box_tok + step % R, tl.load(token).to(tl.int64))
+        tl.debug_barrier()  # every thread's routing stores happen before the release below
+        tl.atomic_xchg(box_seq + at, step, sem="release", scope="sys")  # the host sees routing, then the number
+        tl.store(posts, n + 1)
+        if HAS_FENCE:  # the previous layer's reads are done (stream order): acknowledge, then snapshot
+            tl.atomic_xchg(acked, prev, sem="release", scope="sys")
+            tl.store(snap, tl.load(version, volatile=True))
+
+    return {"resolve": resolve, "gather": gather, "post": post}
