@@ -1,4 +1,4 @@
-"""Model and hardware profiles: presets against DESIGN.md's numbers, file loading, validation.
+"""Model and hardware profiles: presets against docs/DESIGN.md's numbers, file loading, validation.
 
 Run: .venv/bin/pytest tests/test_profiles.py -q
 """
@@ -26,14 +26,14 @@ from seqmoe.profiles import (
     token_overhead_s,
 )
 
-# DESIGN.md, "Hardware and model facts for profiles": (MB per expert, copy ms at 25 / 50 GB/s).
+# docs/DESIGN.md, "Hardware and model facts for profiles": (MB per expert, copy ms at 25 / 50 GB/s).
 DESIGN_EXPERTS = {
     "mixtral-8x7b": (352, 14.1, 7.0),
     "deepseek-v2-lite": (17.3, 0.69, 0.35),
     "qwen3-30b-a3b": (9.44, 0.38, 0.19),
     "olmoe-1b-7b": (12.6, 0.50, 0.25),
 }
-# DESIGN.md: decode time per layer at batch 1, seconds.
+# docs/DESIGN.md: decode time per layer at batch 1, seconds.
 DESIGN_LAYER_S = {
     ("mixtral-8x7b", "h100-pcie5"): 0.34e-3,
     ("deepseek-v2-lite", "h100-pcie5"): 71e-6,
@@ -66,7 +66,7 @@ def test_expert_bytes_and_copy_times_match_design(name):
     mb, copy25_ms, copy50_ms = DESIGN_EXPERTS[name]
     m = MODEL_PROFILES[name]
     assert m.expert_bytes / 1e6 == pytest.approx(mb, rel=0.03)
-    # DESIGN.md's copy times are bytes / bandwidth, without the per-copy overhead alpha.
+    # docs/DESIGN.md's copy times are bytes / bandwidth, without the per-copy overhead alpha.
     assert m.expert_bytes / 25e9 * 1e3 == pytest.approx(copy25_ms, rel=0.03)
     assert m.expert_bytes / 50e9 * 1e3 == pytest.approx(copy50_ms, rel=0.03)
     for hw in HARDWARE_PROFILES.values():

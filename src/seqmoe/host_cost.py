@@ -1,4 +1,4 @@
-"""What one routed expert costs on the host CPU (the CPU miss path of DESIGN.md's protocol).
+"""What one routed expert costs on the host CPU (the CPU miss path of docs/DESIGN.md's protocol).
 
 At batch 1 an expert is one pass over its weights, so its time is its bytes over the rate at which
 the host's matmul reads them: the lesser of what the cores can compute and what the memory

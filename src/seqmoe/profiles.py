@@ -2,7 +2,7 @@
 
 A `ModelProfile` says how many bytes one routed expert occupies and how many other bytes a decode
 token reads; a `HardwareProfile` says how fast host->device copies and HBM reads are. Together
-they give the cost model of DESIGN.md ("Evaluation protocol"): one copy takes
+they give the cost model of docs/DESIGN.md ("Evaluation protocol"): one copy takes
 `alpha + expert_bytes / h2d`, and a batch-1 decode layer is bound by HBM bandwidth, taking
 `bytes_read / (efficiency x peak)`.
 
@@ -296,9 +296,9 @@ def _model_presets() -> dict[str, ModelProfile]:
     return {p.name: p for p in presets}
 
 
-# DESIGN.md ("Hardware and model facts"): per-copy overhead 10-30 us; we take the middle.
+# docs/DESIGN.md ("Hardware and model facts"): per-copy overhead 10-30 us; we take the middle.
 _ALPHA_S = 20e-6
-# DESIGN.md: effective pinned H2D over PCIe 4.0 x16 about 25 GB/s (32 GB/s raw per direction);
+# docs/DESIGN.md: effective pinned H2D over PCIe 4.0 x16 about 25 GB/s (32 GB/s raw per direction);
 # PCIe 5.0 x16 about 50-57 GB/s (64 GB/s raw); we take the low end of each.
 _PCIE4_H2D = 25e9
 _PCIE5_H2D = 50e9

@@ -1,4 +1,4 @@
-"""DESIGN.md's reference hit rates on real DeepSeek-V2-Lite traces (skipped without ../shared).
+"""docs/DESIGN.md's reference hit rates on real DeepSeek-V2-Lite traces (skipped without ../shared).
 
 Unseen prompts: the last 200 Puffin prompts in file order; training: the rest.
 Run: pytest tests/sim/test_real_traces.py -q

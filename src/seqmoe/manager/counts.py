@@ -1,4 +1,4 @@
-"""Counts of one run (simulated or live) and the metrics DESIGN.md asks of every run, computed the same way for all."""
+"""Counts of one run (simulated or live) and the metrics docs/DESIGN.md asks of every run, computed the same way for all."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The copy engine: one host-to-device channel, copies one at a time.
 
-Rules (DESIGN.md): a demand copy goes ahead of queued prefetches but does not interrupt the running
+Rules (docs/DESIGN.md): a demand copy goes ahead of queued prefetches but does not interrupt the running
 copy; queued prefetches run earliest deadline first. The engine is advanced lazily: the caller
 moves time forward with `advance(t)` before issuing anything at time t, so every queued copy was
 issued while the channel was busy.

@@ -1,6 +1,6 @@
 """The memory manager's state machine: slots, the copy engine, and the system deciding over them.
 
-DESIGN.md's protocol, one position (token, layer) at a time. Each token first pays the non-MoE
+docs/DESIGN.md's protocol, one position (token, layer) at a time. Each token first pays the non-MoE
 time (dense layers, lm_head), then passes the L MoE layers. At a layer: the non-expert part
 (attention, router) runs, the router reveals the K experts, the experts run once all of them are
 present. At the reveal the system decides: eviction for demand copies, then the predictor observes

@@ -1,4 +1,4 @@
-"""Replay a routing trace as batch-1 decode against a cost model (DESIGN.md's protocol).
+"""Replay a routing trace as batch-1 decode against a cost model (docs/DESIGN.md's protocol).
 
     counts = simulate(trace, system, model=..., hardware=..., capacity=C, start=placement)
 
