@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from seqmoe.runtime import offload
-from seqmoe.runtime.core.experts import CPU_IN_PLACE_BYTES, OffloadedExperts
+from seqmoe.runtime.core.experts import OffloadedExperts
+from seqmoe.runtime.core.front import CPU_IN_PLACE_BYTES
 from tests.runtime.conftest import fresh, greedy, logits, reference
 
 
@@ -21,16 +22,16 @@ def _in_place(model, torch_table: bool = False) -> None:
     """Force the window path (small experts on the CPU are gathered by default); `torch_table`: look
     slots up with torch ops as on CUDA."""
     for e in _experts(model):
-        assert e.slot_ok
-        e.by_slot = True
+        assert e.front.slot_ok
+        e.front.by_slot = True
         if torch_table:
-            e._table_np = None
+            e.front._table_np = None
 
 
 def test_small_cpu_experts_are_gathered_by_default():
     model = fresh("olmoe")
     rt = offload(model, 1.0, "on-demand-lru", train=reference("olmoe").train)
-    assert not any(e.by_slot for e in _experts(model)) and rt.pool.expert_bytes < CPU_IN_PLACE_BYTES
+    assert not any(e.front.by_slot for e in _experts(model)) and rt.pool.expert_bytes < CPU_IN_PLACE_BYTES
     greedy(model)
     assert sum(e.gather_calls for e in _experts(model)) > 0
     rt.restore()
@@ -75,7 +76,7 @@ def test_eager_implementation_is_always_gathered_in_expert_order():
     assert torch.equal(greedy(model), want_tokens)
     assert torch.equal(logits(model), want_logits)
     ex = _experts(model)
-    assert not any(e.slot_ok or e.by_slot for e in ex) and sum(e.slot_calls for e in ex) == 0
+    assert not any(e.front.slot_ok or e.front.by_slot for e in ex) and sum(e.slot_calls for e in ex) == 0
     rt.restore()
 
 

@@ -1,0 +1,54 @@
+"""An experts call of the posted engine: a decode step that posts its routing (`control="thread"`).
+
+The step reads no host value (capturable as a CUDA graph), so it cannot ask which experts are
+resident: it gathers the K routed rows on the device, each from its slot or, on a miss, from the
+mapped host block (`ExpertPool.gather_posted`), and runs the original forward on them with the
+routed ids replaced by 0..K-1: static shapes. With the host path (`host_relay`) the call first
+posts its inputs and waits for the control thread's decision: the experts the host CPU computes
+meanwhile run here at weight 0 on zero rows, and their sum is added after.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def posted_forward(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    """`OffloadedExperts.forward` in a posting decode step (`x`: the experts module)."""
+    relay = x.control.relay
+    if relay is None or not relay.active or len(args) != 2 or kwargs or args[0].shape[0] != 1:
+        return _step(x, hidden_states, *args, **kwargs)
+    t0 = time.perf_counter()
+    index, weights = args
+    weights, skip = relay.enter(x.layer, hidden_states, index, weights)
+    object.__setattr__(x, "skip", skip)
+    t1 = time.perf_counter()
+    try:
+        out = _step(x, hidden_states, index, weights)
+    finally:
+        object.__setattr__(x, "skip", None)
+    t2 = time.perf_counter()
+    out = relay.leave(x.layer, out)
+    x.counts.host_s += (t1 - t0) + (time.perf_counter() - t2)
+    return out
+
+
+def _step(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+    t0 = time.perf_counter()
+    index, bound = x.routed(args, kwargs, hidden_states)
+    posted = x.front.slot_ok and index.shape[0] == 1
+    if posted:
+        rows = x.pool.gather_posted(x.layer, index.reshape(-1), x.skip)
+        params, n, new_index = x.layout.views(rows), index.shape[-1], x.posted_index(index)
+        x.counts.posted_calls += 1
+    else:  # on CUDA the step reads no slot the host chose: the slot fence covers device-side table reads only
+        params, n, new_index = x.front.weights(index, host_only=x.pool.device.type == "cuda")
+    args, kwargs = x.with_index(args, kwargs, bound, new_index)
+    t1 = time.perf_counter()
+    out = x.compute(params, n, hidden_states, args, kwargs, forward=x.posted_forward if posted else None)
+    t2 = time.perf_counter()
+    x.done(x.layer)
+    x.counts.host_s += (t1 - t0) + (time.perf_counter() - t2)
+    return out
