@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from seqmoe import tiny
+from seqmoe import model_dirs
 from seqmoe.cli import main
 from seqmoe.trace.io import load_trace
 from tests.collect.tiny_models import save_tiny_checkpoint, tiny_tokenizer
@@ -68,12 +68,12 @@ def test_collect_decode_mode_whole_files(checkpoints, text, tmp_path, capsys):
 
 
 def test_seqmoe_tiny_name_resolves_to_the_packaged_folder(checkpoints, text, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(tiny, "MODEL_DIR", checkpoints / "deepseek_v2")
+    monkeypatch.setitem(model_dirs.MODEL_DIRS, "seqmoe-tiny", checkpoints / "deepseek_v2")
     out = tmp_path / "t.safetensors"
     assert _run(capsys, "collect", "--model", "seqmoe-tiny", "--text", str(text), "--out", str(out),
                 "--max-requests", "1", "--no-progress")[0] == 0
     assert load_trace(out).meta.model == "seqmoe-tiny" and load_trace(out).num_requests == 1
-    monkeypatch.setattr(tiny, "MODEL_DIR", tmp_path / "missing")
+    monkeypatch.setitem(model_dirs.MODEL_DIRS, "seqmoe-tiny", tmp_path / "missing")
     code, _, err = _run(capsys, "collect", "--model", "seqmoe-tiny", "--text", str(text),
                         "--out", str(tmp_path / "u.safetensors"), "--no-progress")
     assert code == 2 and "seqmoe-tiny is not in this install" in err
