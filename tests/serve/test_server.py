@@ -107,6 +107,9 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(cli_server)
         complete(client, "x", max_tokens=-3)
     assert e.value.body["param"] == "max_tokens" and "at least 1" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:
+        complete(client, "x", max_tokens=4, temperature=1.0, seed=1 << 64)
+    assert e.value.body["param"] == "seed" and "64-bit" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
         complete(client, "x", max_tokens=1000)
     assert e.value.body["code"] == "context_length_exceeded" and "256" in e.value.body["message"]
     with pytest.raises(openai.BadRequestError) as e:

@@ -183,6 +183,8 @@ class _Api:
         top_p = self.top_p if body.top_p is None else body.top_p
         if not 0 < top_p <= 1:
             raise APIError(400, f"top_p must be in (0, 1], got {top_p}", param="top_p")
+        if body.seed is not None and not -(1 << 63) <= body.seed < (1 << 64):
+            raise APIError(400, f"seed must be a 64-bit integer, in [-2**63, 2**64), got {body.seed}", param="seed")
         stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
         if len(stop) > 4 or any(not s for s in stop):
             raise APIError(400, "stop takes at most 4 non-empty strings", param="stop")
