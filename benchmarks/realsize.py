@@ -16,6 +16,7 @@ import json
 import os
 import sys
 
+from seqmoe.config import COMPARED_RESIDENCIES
 from seqmoe.manager.miss_paths import MISS_PATHS
 
 DEFAULT_SYSTEMS = "on-demand-lru,seqmoe,moe-infinity-style,belady,oracle-prefetch"
@@ -44,7 +45,7 @@ def main(argv=None) -> int:
     p.add_argument("--test-requests", type=int, default=2, help="without --train: requests replayed (default 2)")
     p.add_argument("--predictor", help="forecaster checkpoint of the seqmoe systems (seqmoe train on --train)")
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help=f"comma-separated (default {DEFAULT_SYSTEMS})")
-    p.add_argument("--residencies", default="0.25,0.45,0.65")
+    p.add_argument("--residencies", default=",".join(map(str, COMPARED_RESIDENCIES)))
     p.add_argument("--tokens", type=int, default=1000, help="positions replayed (whole requests; the first warms up)")
     p.add_argument("--max-request", type=int, default=400, help="longest request replayed, in tokens")
     p.add_argument("--layers", type=int, help="keep the first N decoder layers (host memory; default all)")

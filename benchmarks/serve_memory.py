@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from seqmoe.manager import system_spec
     from seqmoe.serve.api import rss_bytes
+    from seqmoe.config import LoadConfig, OffloadConfig
     from seqmoe.serve.load import load_engine
     from seqmoe.tiny.traces import TRAIN_FILE
 
@@ -69,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
 
             predictor = str(Path(tmp) / "predictor")
             train_seq_predictor(load_trace(train), predictor, epochs=1, max_minutes=0.1, progress=False)
-        served = load_engine("seqmoe-tiny", residency=args.residency, system=args.system, device="cpu", threads=1,
-                             train=train, predictor=predictor, control=args.control)
+        served = load_engine(LoadConfig(model="seqmoe-tiny", threads=1),
+                             OffloadConfig(residency=args.residency, system=args.system, device="cpu", train=train,
+                                           predictor=predictor, control=args.control))
         try:
             prompts = [served.tokenizer(f"def parse_{i}(text):")["input_ids"] for i in range(10)]
             for _ in range(2):

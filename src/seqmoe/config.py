@@ -1,23 +1,30 @@
-"""Frozen run configurations; every field's docstring is also its CLI help text.
+"""Frozen run configurations and every default; each field's docstring is also its CLI help text
+(`seqmoe.cli.args`). A configuration checks all its values when it is built, before any trace,
+forecaster or model is loaded, so a bad option fails at once and in one place.
 
     cfg = SimConfig(trace="test.safetensors", train="train.safetensors", residency=0.45)
     cfg.to_dict(), cfg.config_hash()
+    OffloadConfig(residency=0.3, system="on-demand-lru", miss="auto")     # what `seqmoe.offload` takes
+    LoadConfig(model="seqmoe-tiny", dtype="float32")                      # which checkpoint, how it is loaded
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import functools
 import hashlib
-import inspect
 import json
-from dataclasses import dataclass
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from seqmoe.rerouting import ROUTINGS, check_routing
 from seqmoe.errors import UserError
 from seqmoe.manager.miss_paths import check_miss
 from seqmoe.manager.placement import check_residency
+from seqmoe.manager.systems import live_systems, system_spec
+from seqmoe.model_dirs import DTYPES, resolve_model_dir
+from seqmoe.profiles import HardwareProfile, get_hardware_profile
+from seqmoe.rerouting import ROUTINGS, check_routing
 
 DEFAULT_SYSTEM = "on-demand-lru"
 """The system when none is named: the plain demand-paging baseline every comparison starts from."""
@@ -26,16 +33,17 @@ COMPARED_SYSTEMS = (DEFAULT_SYSTEM, "seqmoe")
 DEFAULT_HARDWARE = "h100-pcie5"
 """Hardware profile of the cost model (the simulator's, and the runtime's virtual clock) when none is given."""
 DEFAULT_RESIDENCY = 0.45
-"""Residency of a replay when none is given (the seed paper's headline point)."""
-DEFAULT_RUNTIME_RESIDENCY = 0.3
-"""Residency of an offloaded model when none is given."""
-DEFAULT_RUNTIME_MISS = "auto"
-"""How an offloaded model serves misses when not told, with control="inline": chosen per miss (faster
-than copying every miss, simulated and live: docs/LOG.md). A posted decode step (control="thread")
-copies by default (its host path is slower there on the CPU backend, and not yet measured on a GPU). The
-simulator's protocol copies (`SimConfig.miss`)."""
+"""Residency of one run (a replay, an offloaded model) when none is given: the seed paper's headline point."""
+COMPARED_RESIDENCIES = (0.25, 0.45, 0.65)
+"""Residencies of a quick comparison (the demo, bench-runtime, the real-size harness) when none are given."""
 DEFAULT_RESIDENCIES = (0.1, 0.25, 0.45, 0.65, 0.9)
 """Residencies of a sweep when none are given."""
+CONTROLS = ("inline", "thread")
+"""Where the runtime's control plane runs (`OffloadConfig.control`)."""
+MEASURED = "measured"
+"""The hardware profile measured on this machine at start (`seqmoe.runtime.core.costs`)."""
+CLI = "cli"
+"""Field metadata: False for fields with no command-line flag (objects, library-only switches)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,6 +83,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         check_residency(self.residency)
+        system_spec(self.system)
         check_miss(self.miss)
         check_routing(self.routing, self.max_kl)
         if not 0.0 < self.test_fraction < 1.0:
@@ -90,34 +99,129 @@ class SimConfig:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
 
 
-@functools.cache
-def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a dataclass, by field name."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs
+def check_live_system(system: str, *, train: bool, predictor: bool, replay: bool = False) -> None:
+    """UserError unless `system` can run live with what is given: a training trace (`train`), a trained
+    forecaster (`predictor`), the routing a harness forces (`replay`: oracles may read its future)."""
+    live = live_systems(with_predictor=True, with_host=True, with_pregate=True)
+    spec = system_spec(system, live)
+    if spec.reads_future and not replay:
+        raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: "
+                        f"{', '.join(live)}")
+    if spec.needs_predictor and not (predictor or train):
+        raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor= (--predictor DIR: a "
+                        "checkpoint of `seqmoe train` on a trace of this model), or train= (--train TRACE) to train "
+                        "one on")
+    if (spec.learns or spec.needs_pregate) and not train:
+        raise UserError(f"system {system!r} learns from a routing trace of this model: pass train= (--train TRACE, "
+                        "from `seqmoe trace collect`), or choose one of: " + ", ".join(live_systems(with_train=False)))
 
 
-def add_config_flags(parser, cls, skip: tuple[str, ...] = ()) -> None:
-    """Add one kebab-case flag per dataclass field, with its docstring as help."""
-    docs = field_docs(cls)
-    for f in dataclasses.fields(cls):
-        if f.name in skip:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        typ = {"float": float, "int": int, "int | None": int, "float | None": float}.get(str(f.type), str)
-        required = f.default is dataclasses.MISSING
-        default = None if required else f.default
-        suffix = "" if required or default is None else f" (default: {default})"
-        parser.add_argument(flag, type=typ, default=default, required=required, help=docs.get(f.name, "") + suffix)
+@dataclass(frozen=True, kw_only=True)
+class OffloadConfig:
+    """How a model's routed experts are offloaded: every option of `seqmoe.offload` and of the commands
+    that offload (generate, serve, bench-runtime), with their defaults."""
+
+    residency: float = DEFAULT_RESIDENCY
+    """Fraction of all experts the device pool holds, in (0, 1]: C = floor(residency x L x E) slots."""
+    system: str = DEFAULT_SYSTEM
+    """Memory-management system (see `seqmoe systems`; oracles cannot run live)."""
+    miss: str | None = None
+    """How a missed expert is served: copy (into a slot), in-place (read from host memory), cpu (computed
+    on the host CPU; with thread control on CUDA it needs triton) or auto (chosen per miss from the cost
+    model's link and host CPU); default: auto with inline control, copy with thread control. cpu-all and
+    static-split-style fix their own."""
+    control: str | None = None
+    """Where the control plane runs: inline (in the router hooks: the host reads each layer's routing) or
+    thread (its own thread fed by a routing mailbox: a decode step never waits for the host and can be
+    captured as a CUDA graph); the same decisions and counts either way; default: thread on cuda,
+    inline on cpu."""
+    routing: str = ROUTINGS[0]
+    """exact, or cache-aware: a missing routed expert may be swapped for a resident one the router scored
+    close to it, within --max-kl (`seqmoe.rerouting`; posted steps on CUDA apply it in a kernel)."""
+    max_kl: float | None = None
+    """Cache-aware routing's budget per token: nats of KL divergence from the router's distribution
+    (0.01-0.02 cost seqmoe-tiny under 0.5% perplexity)."""
+    device: str | None = None
+    """Device of the pool and the dense layers: cpu, cuda or cuda:N (default: the model's; the commands
+    take cuda when available)."""
+    hardware: str | HardwareProfile | None = None
+    """Hardware profile of the cost model (a preset, a .json/.toml file), or measured: the default
+    profile with this machine's link and host CPU measured at start (default: measured when misses may
+    go to the host CPU, whose choice needs this machine's costs, else the default profile)."""
+    bandwidth: float | None = None
+    """Host->device bytes/s of the cost model (default: the hardware profile's)."""
+    train: str | os.PathLike | object | None = field(default=None, metadata={"metavar": "TRACE"})
+    """Routing trace of this model (start placement, statistics; needed by systems that learn, e.g.
+    affinity-style; without it the pool starts empty): a file, or a RoutingTrace (library)."""
+    predictor: str | os.PathLike | object | None = field(default=None, metadata={"metavar": "DIR"})
+    """Forecaster checkpoint of the seqmoe systems (`seqmoe train`), or a SeqPredictor (library); fed each
+    position's input token id, ignored by the other systems. The commands train one on --train once
+    (cached) when it is not given; `offload` needs it."""
+    emulate_link: bool = field(default=False, metadata={CLI: False})
+    """CPU only: every expert row crossing the link (a copy, or a missed row read in place) costs one copy
+    time of the cost model, and a miss waits for its copy (benchmarks; needs a profile, not measured)."""
+    replay: object | None = field(default=None, metadata={CLI: False})
+    """The RoutingTrace a harness forces the model to compute (`seqmoe.bench.forced`): the forecaster
+    hashes its tokens as the simulator does, and oracle systems may read its future."""
+    record_trace: bool = field(default=True, metadata={CLI: False})
+    """Keep every position's routing for `runtime.trace()`: L x K x 6 bytes and a few small arrays per
+    position, so a long-running server turns it off."""
+
+    def __post_init__(self) -> None:
+        check_residency(self.residency)
+        check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
+                          replay=self.replay is not None)
+        if self.miss is not None:
+            check_miss(self.miss)
+        if self.control is not None and self.control not in CONTROLS:
+            raise UserError(f"control must be one of: {', '.join(CONTROLS)}; got {self.control!r}")
+        check_routing(self.routing, self.max_kl)
+        if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device)):
+            raise UserError(f"device {self.device!r} is not supported by the runtime; pass cpu, cuda or cuda:N")
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise UserError(f"bandwidth must be > 0 bytes/s, got {self.bandwidth}")
+        if isinstance(self.hardware, str) and self.hardware != MEASURED:
+            get_hardware_profile(self.hardware)  # a preset or a readable profile file
+        if self.hardware == MEASURED and (self.bandwidth is not None or self.emulate_link):
+            raise UserError("a measured cost model takes its link from this machine: give a hardware profile to use "
+                            "a bandwidth or an emulated link")
+        if self.emulate_link and str(self.device or "cpu") != "cpu":
+            raise UserError(f"an emulated link is for a CPU pool (the {self.device} device has its own link)")
+        for value, what in ((self.train, "train trace"), (self.predictor, "predictor folder")):
+            if isinstance(value, (str, os.PathLike)) and not Path(value).exists():
+                raise UserError(f"no {what} at {value}")
+
+    def for_graph(self) -> OffloadConfig:
+        """This configuration for decoding with `DecodeGraph` (`--graph`), which needs thread control."""
+        if self.control == "inline":
+            raise UserError("--graph needs --control thread")
+        return dataclasses.replace(self, control="thread")
+
+    def control_on(self, device_type: str) -> str:
+        """Where the control plane runs on a device of `device_type`."""
+        return self.control or ("thread" if device_type == "cuda" else "inline")
+
+    def miss_with(self, control: str) -> str:
+        """How misses are served under `control`. By default auto where the host reads each layer's
+        routing (faster than copying every miss, simulated and live: docs/LOG.md); a posted step copies
+        (its host path is slower on the CPU backend, and not yet measured on a GPU)."""
+        return self.miss or ("auto" if control == "inline" else "copy")
 
 
-def config_from_args(cls, args, **overrides):
-    """Build `cls` from parsed flags (fields only), then `overrides`."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
-    values.update(overrides)
-    return cls(**values)
+@dataclass(frozen=True, kw_only=True)
+class LoadConfig:
+    """Which checkpoint a command loads, and how (generate, serve, bench-runtime)."""
+
+    model: str = field(default="seqmoe-tiny", metadata={"metavar": "PATH_OR_NAME"})
+    """Model folder with config.json, or a packaged model (seqmoe-tiny); nothing is downloaded."""
+    dtype: str = DTYPES[0]
+    """Weights dtype: auto (the checkpoint's), float32, bfloat16 or float16."""
+    threads: int | None = None
+    """torch CPU threads (default: torch's choice)."""
+
+    def __post_init__(self) -> None:
+        resolve_model_dir(self.model)
+        if self.dtype not in DTYPES:
+            raise UserError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
+        if self.threads is not None and (isinstance(self.threads, bool) or not self.threads >= 1):
+            raise UserError(f"threads must be >= 1, got {self.threads}")

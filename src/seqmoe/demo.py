@@ -16,7 +16,7 @@ from pathlib import Path
 
 from seqmoe.report.plot import plot_results
 from seqmoe.report.table import format_table, write_jsonl
-from seqmoe.config import DEFAULT_HARDWARE, SimConfig
+from seqmoe.config import COMPARED_RESIDENCIES, DEFAULT_HARDWARE, SimConfig
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import systems_with
 from seqmoe.predict.checkpoints import cache_dir, trace_fingerprint
@@ -24,7 +24,6 @@ from seqmoe.sim.run import load_workload, run_sweep
 from seqmoe.tiny.traces import load_demo_traces
 from seqmoe.trace.schema import RoutingTrace
 
-RESIDENCIES = (0.25, 0.45, 0.65)
 FORECASTER = dict(epochs=6, hash_buckets=4096, embed_dim=128, hidden_dim=128, query_dim=128, threads=1)
 """The demo's forecaster: smaller than the default (about 15 s of training on one thread, which also
 makes it the same on every machine with the same torch build); the time cap is only a safeguard."""
@@ -58,9 +57,9 @@ def run_demo(*, num_tokens: int = 3000, out_dir: str | Path = "results/demo", fo
     systems = systems_with("baseline", "oracle", "seqmoe")
     print(f"seqmoe demo: {workload.test.num_tokens} tokens of seqmoe-tiny routing over held-out stdlib files "
           f"({workload.test.num_requests} requests), {DEFAULT_HARDWARE} profile, {len(systems)} systems x residencies "
-          f"{list(RESIDENCIES)}", file=sys.stderr)
+          f"{list(COMPARED_RESIDENCIES)}", file=sys.stderr)
     rows = []
-    for row in run_sweep(cfg, systems, RESIDENCIES, workload=workload, progress=progress):
+    for row in run_sweep(cfg, systems, COMPARED_RESIDENCIES, workload=workload, progress=progress):
         rows.append(row)
         print(f"  {row['system']:>26} r={row['residency']:.2f} hit={row['hit_rate']:.3f} "
               f"bound={row['bound_fraction']:.3f}", file=sys.stderr)

@@ -43,7 +43,7 @@ def test_bench_prints_a_table_and_a_json_line(checkpoint, tmp_path, capsys):
 
 
 def test_bench_rejects_bad_systems_and_residencies(checkpoint):
-    with pytest.raises(UserError, match="cannot bench belady"):
+    with pytest.raises(UserError, match="'belady' reads the future of the trace and cannot run live"):
         run_cli(["bench-runtime", "--model", str(checkpoint), "--systems", "belady"])
     with pytest.raises(UserError, match="comma-separated numbers"):
         run_cli(["bench-runtime", "--model", str(checkpoint), "--residencies", "half"])

@@ -147,5 +147,5 @@ def test_generate_cli_runs_seqmoe_with_a_predictor(predictor_dir, tmp_path, caps
     stats = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert stats["system"] == "seqmoe" and stats["generated_tokens"] == 4
     args = parser.parse_args([a for a in argv if a not in ("--train", str(tmp_path / "train.safetensors"))])
-    with pytest.raises(UserError, match="needs --train"):
+    with pytest.raises(UserError, match="--train TRACE"):
         args.func(args)

@@ -128,9 +128,12 @@ class LiveServer(Server):
 
         from seqmoe.cli.serve import _bind
         from seqmoe.serve.api import create_app
+        from seqmoe.config import LoadConfig, OffloadConfig
         from seqmoe.serve.load import load_engine
 
-        self.served = s = load_engine(MODEL, residency=RESIDENCY, system=SYSTEM, device="cpu", **load)
+        offload = {k: load.pop(k) for k in ("control", "miss", "train", "predictor") if k in load}
+        self.served = s = load_engine(LoadConfig(model=MODEL, threads=load.pop("threads", None)), OffloadConfig(residency=RESIDENCY, system=SYSTEM,
+                                                                             device="cpu", **offload), **load)
         app = create_app(s.engine, s.tokenizer, model_name=s.name, context_length=s.context_length,
                          temperature=s.temperature, top_p=s.top_p)
         sock = _bind("127.0.0.1", 0)

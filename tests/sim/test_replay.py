@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from seqmoe.cache import belady_misses, belady_schedule
 from seqmoe.errors import UserError
+from seqmoe.config import OffloadConfig, SimConfig
 from seqmoe.manager.placement import capacity_for, start_placement
 from seqmoe.sim import simulate
 from seqmoe.manager.counts import summarize
@@ -94,9 +95,11 @@ def test_capacity_below_top_k_and_bad_residency_are_user_errors():
     train = test = make_trace(num_layers=1, num_experts=8, top_k=4)
     with pytest.raises(UserError, match="top-4"):
         replay("on-demand-lru", train, test, 3 / 8)
-    for r in (0.0, -0.1, 1.5, float("nan")):
+    for r in (0.0, -0.1, 1.5, float("nan"), "0.5", True):
         with pytest.raises(UserError, match="residency"):
-            capacity_for(r, 2, 8)
+            SimConfig(trace="t.safetensors", residency=r)
+        with pytest.raises(UserError, match="residency"):
+            OffloadConfig(residency=r)
 
 
 def test_profile_mismatch_is_a_user_error():

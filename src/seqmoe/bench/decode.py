@@ -1,6 +1,6 @@
 """`seqmoe bench-runtime`: greedy decode speed of the offloading runtime against the full model, on the CPU.
 
-    result = bench_runtime(model, tokenizer, residencies=(0.25, 0.5, 1.0))
+    result = bench_runtime(model, tokenizer, residencies=(0.25, 0.45, 0.65))
     print(format_table(result))
 
 Each run decodes every prompt greedily for `new_tokens` tokens with a manual loop (one prompt
@@ -30,10 +30,11 @@ import time
 import torch
 
 from seqmoe.arch import cache_kwarg, model_arch
-from seqmoe.config import COMPARED_SYSTEMS
+from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, check_live_system
+from seqmoe.bench import check_bench
 from seqmoe.errors import UserError
 from seqmoe.host_cost import host_fields
-from seqmoe.manager.systems import SYSTEMS as ALL, live_systems
+from seqmoe.manager.systems import SYSTEMS as ALL
 from seqmoe.profiles import HardwareProfile, ModelProfile, full_load_token_s
 from seqmoe.runtime.core.costs import model_host_expert_s
 from seqmoe.runtime.offload import measure_profile, offload
@@ -137,7 +138,7 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
         return load_seq_predictor(d)
 
 
-def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 0.5, 1.0), systems=COMPARED_SYSTEMS,
+def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARED_RESIDENCIES, systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
                   link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None,
                   miss: str | None = None, control: str | None = None) -> dict:
@@ -166,12 +167,9 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=(0.25, 
     from seqmoe.arch import moe_layers
     from seqmoe.collect import collect_trace
 
-    live = live_systems(with_predictor=True, with_host=True)
-    unknown = [s for s in systems if s not in live]
-    if unknown:
-        raise UserError(f"cannot bench {', '.join(unknown)}; choose from: {', '.join(live)}")
-    if new_tokens < 2 or repeats < 1 or link_ratio <= 0:
-        raise UserError(f"need new_tokens >= 2, repeats >= 1 and link_ratio > 0 (got {new_tokens}, {repeats}, {link_ratio})")
+    for s in systems:  # a training trace and a forecaster are collected and trained when not given
+        check_live_system(s, train=True, predictor=True)
+    check_bench(new_tokens, repeats, link_ratio)
     if any(isinstance(p, str) for p in prompts) and tokenizer is None:
         raise UserError("text prompts need the model's tokenizer")
     ids = [tokenizer(p)["input_ids"] if isinstance(p, str) else list(p) for p in prompts]

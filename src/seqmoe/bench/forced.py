@@ -11,7 +11,7 @@ one costs. `ForcedRouting` replaces each MoE router's output (weights and ids) b
 of the position being computed, and the input token by the trace's token, so a forecaster sees the
 ids the simulator feeds it; both are device indexing by the forward's `cache_position` (plus a
 request offset set between requests), so a captured CUDA graph replays them. The router logits are
-the model's own (nothing reads them at inference). `realsize_bench` (`benchmarks/realsize.py`) runs
+the model's own (nothing reads them at inference). `replay.replay_bench` (`benchmarks/realsize.py`) runs
 the full model and the offloaded systems over the same replay.
 """
 

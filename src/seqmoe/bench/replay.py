@@ -3,7 +3,7 @@
     result = replay_bench(model, replay, train=train, predictor=DIR, systems=(...), residencies=(...))
     print(format_rows(result))
 
-`model` is built by `seqmoe.arch.published.build_model` and forced by `realsize.ForcedRouting` to the routing
+`model` is built by `seqmoe.arch.published.build_model` and forced by `forced.ForcedRouting` to the routing
 of `replay` (requests back to back). Every run computes every position of every request, one
 forward each: on CUDA with `DecodeGraph` (one CUDA graph per step, the control plane on its thread),
 on the CPU with an eager loop (the inline control plane, the CPU's default). The first request
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch import cache_kwarg, model_arch
+from seqmoe.config import COMPARED_RESIDENCIES
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import SYSTEMS
 from seqmoe.bench.decode import expert_layer_seconds, measured_hardware
@@ -112,7 +113,7 @@ def measure_link(expert_bytes: int, device: torch.device, repeats: int = 10) -> 
 
 
 def replay_bench(model, replay: RoutingTrace, *, train: RoutingTrace | None = None, predictor=None,
-                 systems=("on-demand-lru",), residencies=(0.25, 0.45, 0.65), link_ratio: float = 1.0,
+                 systems=("on-demand-lru",), residencies=COMPARED_RESIDENCIES, link_ratio: float = 1.0,
                  miss: str = "copy", control: str | None = None, log=lambda line: None) -> dict:
     """Time the full model and `systems` x `residencies` offloaded on the routing of `replay` (see the module doc).
 

@@ -1,163 +1,35 @@
 """The `seqmoe` command (also `python -m seqmoe`). It parses flags, builds configs, calls the library
-and writes output; bad input ends with a one-line error and exit code 2.
+and writes output; bad input, a bad flag included, ends with one line `seqmoe: error: ...` and exit
+code 2. One module per group of commands: `sim` (demo, sim, sweep, plot, systems, profiles),
+`trace`, `predict` (train, eval-predictor), `runtime` (generate, bench-runtime), `serve`; `args`
+holds what their parsing shares.
 
     seqmoe demo
-    seqmoe sim --trace TEST --train TRAIN --model-profile deepseek-v2-lite --hardware h100-pcie5 \\
-        --residency 0.45 --system on-demand-lru --json
-    seqmoe sweep --trace TEST --train TRAIN --out results.jsonl --plot plots/
-    seqmoe plot results.jsonl --out plots/
+    seqmoe sim --trace TEST --train TRAIN --residency 0.45 --system on-demand-lru --json
     seqmoe trace info TRACE
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import shlex
 import sys
 
-from seqmoe.report.plot import plot_results
-from seqmoe.report.table import format_table, read_jsonl, write_jsonl
+from seqmoe.cli.args import Parser
 from seqmoe.cli.predict import add_predict_commands
 from seqmoe.cli.runtime import add_runtime_commands
 from seqmoe.cli.serve import add_serve_commands
+from seqmoe.cli.sim import add_sim_commands
 from seqmoe.cli.trace import add_trace_commands
-from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig, add_config_flags, config_from_args
 from seqmoe.errors import UserError
-from seqmoe.manager.systems import ROLES, SYSTEMS, baselines, check_systems, systems_with
-from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES
-from seqmoe.sim.run import load_workload, run_one, run_sweep
 
 
-def _floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"expected comma-separated numbers, got {text!r}") from None
-
-
-def _names(text: str) -> list[str]:
-    if text == "baselines":
-        return baselines()
-    names = systems_with(*ROLES) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
-    check_systems(names)
-    return names
-
-
-def _progress(args) -> bool:
-    return not args.no_progress and sys.stderr.isatty()
-
-
-def cmd_sim(args) -> int:
-    cfg = config_from_args(SimConfig, args)
-    check_systems([cfg.system])
-    row = run_one(load_workload(cfg), cfg, progress=_progress(args))
-    print(format_table([row]))
-    if args.out:
-        write_jsonl([row], args.out)
-    if args.json:
-        print(json.dumps(row))
-    return 0
-
-
-def cmd_sweep(args) -> int:
-    cfg = config_from_args(SimConfig, args, system="on-demand-lru", residency=1.0)
-    systems, residencies = _names(args.systems), _floats(args.residencies)
-    rows = []
-    for row in run_sweep(cfg, systems, residencies, progress=_progress(args)):
-        rows.append(row)
-        print(f"{row['system']:>26} r={row['residency']:.2f} hit={row['hit_rate']:.4f} "
-              f"full-load={row['full_load_fraction']:.3f} bound={row['bound_fraction']:.3f}", file=sys.stderr)
-    print(format_table(rows))
-    write_jsonl(rows, args.out)
-    if args.plot:
-        plot_results(rows, args.plot, caption="seqmoe " + shlex.join(args.argv))
-    return 0
-
-
-def cmd_plot(args) -> int:
-    for path in plot_results(read_jsonl(args.results), args.out, caption=args.caption or ""):
-        print(path)
-    return 0
-
-
-def cmd_systems(args) -> int:
-    for spec in SYSTEMS.values():
-        print(f"{spec.name:26} {spec.role:9} {spec.summary}")
-    return 0
-
-
-def cmd_profiles(args) -> int:
-    print(f"{'model profile':18} {'L':>3} {'E':>4} {'K':>2} {'MB/expert':>10}  source")
-    for m in MODEL_PROFILES.values():
-        print(f"{m.name:18} {m.num_layers:>3} {m.num_experts:>4} {m.top_k:>2} {m.expert_bytes / 1e6:>10.2f}  {m.source}")
-    print(f"\n{'hardware profile':18} {'H2D GB/s':>9} {'alpha us':>9} {'HBM GB/s':>9} {'host GB/s':>9} "
-          f"{'cores':>5}  source")
-    for h in HARDWARE_PROFILES.values():
-        host = (f"{h.host_memory_bytes_per_s / 1e9:>9.1f} {h.host_cores:>5}" if h.host_cores else f"{'-':>9} {'-':>5}")
-        print(f"{h.name:18} {h.h2d_bytes_per_s / 1e9:>9.1f} {h.copy_overhead_s * 1e6:>9.1f} "
-              f"{h.hbm_bytes_per_s / 1e9:>9.0f} {host}  {h.source}")
-    return 0
-
-
-def cmd_demo(args) -> int:
-    from seqmoe.demo import run_demo
-
-    run_demo(num_tokens=args.tokens, out_dir=args.out, forecaster_minutes=args.forecaster_minutes,
-             progress=_progress(args))
-    return 0
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+def build_parser() -> Parser:
+    p = Parser(
         prog="seqmoe",
         description="Keep the right MoE experts resident: routing traces, predictors, prefetch schedulers, "
-        "caches and a trace-driven simulator.",
+        "caches, a trace-driven simulator and an offloading runtime.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
-    demo = sub.add_parser("demo", help="compare all systems on the embedded seqmoe-tiny workload",
-                          description="Replay the routing of seqmoe-tiny (our own MoE model, shipped) over held-out "
-                          "Python source with every baseline and seqmoe at three residencies, after training the "
-                          "forecaster on its training part once (cached); print a table and write JSONL and plots.")
-    demo.add_argument("--tokens", type=int, default=3000, help="test tokens to replay (default: 3000)")
-    demo.add_argument("--forecaster-minutes", type=float, default=2.5,
-                      help="time cap for training the forecaster the first time (default: 2.5)")
-    demo.add_argument("--out", default="results/demo", help="folder for results.jsonl and plots (default: results/demo)")
-    demo.set_defaults(func=cmd_demo)
-
-    sim = sub.add_parser("sim", help="replay a trace with one system at one residency",
-                         description="Replay --trace as batch-1 decode under the cost model of --model-profile on "
-                         "--hardware, with --system managing a pool of floor(residency x L x E) expert slots.")
-    add_config_flags(sim, SimConfig)
-    sim.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
-    sim.add_argument("--out", help="also write the result row to this JSONL file")
-    sim.set_defaults(func=cmd_sim)
-
-    sweep = sub.add_parser("sweep", help="replay systems x residencies into a JSONL file",
-                           description="Run every (residency, system) pair on one workload; rows go to --out.")
-    add_config_flags(sweep, SimConfig, skip=("system", "residency"))
-    sweep.add_argument("--systems", default="baselines",
-                       help="comma-separated system names, 'baselines' (default: those that need no forecaster) or 'all'")
-    residencies = ",".join(map(str, DEFAULT_RESIDENCIES))
-    sweep.add_argument("--residencies", default=residencies, help=f"comma-separated residencies (default: {residencies})")
-    sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
-    sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")
-    sweep.set_defaults(func=cmd_sweep)
-
-    plot = sub.add_parser("plot", help="draw hit rate, full-load and bound fraction against residency",
-                          description="Read a results JSONL file (from sweep) and write one PNG per metric.")
-    plot.add_argument("results", help="results JSONL file")
-    plot.add_argument("--out", required=True, help="folder for the PNG files")
-    plot.add_argument("--caption", help="text under each figure (e.g. the command that made the results)")
-    plot.set_defaults(func=cmd_plot)
-
-    systems = sub.add_parser("systems", help="list the memory-management systems")
-    systems.set_defaults(func=cmd_systems)
-
-    profiles = sub.add_parser("profiles", help="list the model and hardware profile presets")
-    profiles.set_defaults(func=cmd_profiles)
-
+    add_sim_commands(sub)
     add_predict_commands(sub)
     add_trace_commands(sub)
     add_runtime_commands(sub)
@@ -169,10 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.argv = argv
     try:
+        args = build_parser().parse_args(argv)
+        args.argv = argv
         return args.func(args)
     except UserError as e:
         print(f"seqmoe: error: {e}", file=sys.stderr)

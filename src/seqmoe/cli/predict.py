@@ -4,7 +4,7 @@
     seqmoe eval-predictor --trace results/deepseek/test.safetensors --predictor results/predictor-deepseek \\
         --train results/deepseek/train.safetensors --plot results/predictor-deepseek/recall.png --json
 
-`add_predict_commands(subparsers)` registers both on the main parser (src/seqmoe/cli.py); each
+`add_predict_commands(subparsers)` registers both on the main parser (src/seqmoe/cli/__init__.py); each
 sets `func(args) -> int`. Bad input raises `UserError`. Torch is imported only when `train` runs.
 """
 
@@ -14,6 +14,7 @@ import argparse
 import json
 import sys
 
+from seqmoe.cli.args import progress
 from seqmoe.errors import UserError
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
@@ -56,10 +57,6 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
     ev.set_defaults(func=run_eval)
 
 
-def _progress(args) -> bool:
-    return not getattr(args, "no_progress", False) and sys.stderr.isatty()
-
-
 def run_train(args: argparse.Namespace) -> int:
     """`seqmoe train`: prints the best validation numbers (and JSON with --json)."""
     if args.epochs < 1:
@@ -72,7 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
     from seqmoe.predict.train import train_seq_predictor  # torch only here
 
     info = train_seq_predictor(trace, args.out, epochs=args.epochs, seed=args.seed, max_minutes=args.max_minutes,
-                               threads=args.threads, progress=_progress(args),
+                               threads=args.threads, progress=progress(args),
                                log=lambda line: print(line, file=sys.stderr))
     m, t = info["metrics"], info["training"]
     recall = "  ".join(f"h={h}: {v:.3f}" for h, v in m["val_recall_at_k"].items())
@@ -106,7 +103,7 @@ def run_eval(args: argparse.Namespace) -> int:
     seq = load_seq_predictor(args.predictor)
     seq.check_trace(test)
     predictors = {"seqmoe": seq, **(_baselines(args.train, test) if args.train else {})}
-    res = evaluate_predictors(test, predictors, stride=args.stride, progress=_progress(args))
+    res = evaluate_predictors(test, predictors, stride=args.stride, progress=progress(args))
     res.update(trace=str(args.trace), predictor=str(args.predictor), train=args.train)
     print(format_table(res))
     print(format_table(res, "recall_at_2k"))

@@ -3,12 +3,13 @@
     seqmoe generate --model seqmoe-tiny --prompt "Once upon a time" --residency 0.3 --system on-demand-lru
     seqmoe generate --model models/olmoe --prompt "..." --residency 0.5 --system seqmoe \\
         --train results/olmoe/train.safetensors --predictor results/predictor-olmoe --max-new-tokens 64 --json
-    seqmoe bench-runtime --model seqmoe-tiny --residencies 0.25,0.5,1.0 --out bench.jsonl
+    seqmoe bench-runtime --model seqmoe-tiny --residencies 0.25,0.45,0.65 --out bench.jsonl
 
-The model is loaded on the CPU and then offloaded: its routed experts are packed into host memory
-and only the dense rest moves to `--device`, so the whole model never has to fit there.
-`add_runtime_commands(subparsers)` registers the command on the main parser (src/seqmoe/cli.py);
-it sets `func(args) -> int`. Bad input raises `UserError`. Torch is imported only when it runs.
+The offload flags are generated from `LoadConfig` and `OffloadConfig` (`seqmoe.config`), which check
+every value before anything loads; `seqmoe.runtime.load` loads and offloads the model (as `seqmoe
+serve` does). `add_runtime_commands(subparsers)` registers the commands on the main parser
+(src/seqmoe/cli/__init__.py); each sets `func(args) -> int`. Bad input raises `UserError`. Torch is
+imported only when a command runs.
 """
 
 from __future__ import annotations
@@ -18,44 +19,26 @@ import json
 import sys
 import time
 
-from seqmoe.config import (
-    COMPARED_SYSTEMS, DEFAULT_HARDWARE, DEFAULT_RUNTIME_MISS, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM, ROUTINGS,
-)
+from seqmoe.bench import check_bench
+from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress
+from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, OffloadConfig, check_live_system
 from seqmoe.errors import UserError
-from seqmoe.manager.miss_paths import MISS_PATHS
+from seqmoe.manager.placement import check_residency
 
 
-def add_offload_flags(p: argparse.ArgumentParser) -> None:
-    """The flags `generate` and `serve` share: the model, how it is offloaded, torch's threads."""
-    p.add_argument("--model", required=True, metavar="PATH_OR_NAME", help="model folder with config.json, or seqmoe-tiny")
-    p.add_argument("--residency", type=float, default=DEFAULT_RUNTIME_RESIDENCY,
-                   help=f"fraction of experts in device slots (default: {DEFAULT_RUNTIME_RESIDENCY})")
-    p.add_argument("--system", default=DEFAULT_SYSTEM, help=f"memory-management system (default: {DEFAULT_SYSTEM})")
-    p.add_argument("--train", metavar="TRACE", help="routing trace of this model (start placement; needed by "
-                   "systems that learn, e.g. affinity-style)")
-    p.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint of the seqmoe systems (default: one "
-                   "trained on --train once and cached)")
-    p.add_argument("--device", default=None, help="device of the pool and the dense layers (default: cuda when "
-                   "available, else cpu)")
-    p.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto",
-                   help="weights dtype (default: auto, the checkpoint's)")
-    p.add_argument("--control", choices=("inline", "thread"), default=None,
-                   help="where the control plane runs: in the router hooks (inline, synchronises each layer) or on "
-                   "its own thread fed by a routing mailbox (default: thread on cuda, inline on cpu)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    add_miss_flag(p)
+def add_offload_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), threads: int | None = None) -> None:
+    """The flags of the commands that offload a model: `LoadConfig`'s and `OffloadConfig`'s (but `skip`)."""
+    add_config_flags(p, LoadConfig, defaults={"threads": threads})
+    add_config_flags(p, OffloadConfig, skip=skip)
 
 
-def add_miss_flag(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--miss", choices=MISS_PATHS, default=None, help="how a missed expert is served: copy into a "
-                   "slot, in-place (read from host memory), cpu (computed on the host CPU; with --control thread or "
-                   "--graph on CUDA it needs triton) or auto "
-                   "(chosen per miss from the cost model's link and host CPU, measured at start by default); default: "
-                   f"{DEFAULT_RUNTIME_MISS} with inline control, copy with --control thread or --graph")
+def offload_configs(args, **overrides) -> tuple[LoadConfig, OffloadConfig]:
+    """The command's checked configurations (UserError for a bad option, before anything loads)."""
+    return config_from_args(LoadConfig, args), config_from_args(OffloadConfig, args, **overrides)
 
 
 def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Add `generate` to the main parser's subparsers."""
+    """Add `generate` and `bench-runtime` to the main parser's subparsers."""
     gen = subparsers.add_parser(
         "generate",
         help="greedy generation with experts offloaded to a pool of device slots",
@@ -65,16 +48,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     add_offload_flags(gen)
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
-    gen.add_argument("--bandwidth", type=float, default=None, help="host->device bytes/s of the cost model")
-    gen.add_argument("--hardware", default=None, help="hardware profile of the cost model (a preset or file), or "
-                     f"measured: {DEFAULT_HARDWARE} with this machine's link and host CPU measured at start (default: "
-                     f"measured with --miss cpu or auto, else {DEFAULT_HARDWARE})")
     gen.add_argument("--graph", action="store_true", help="decode with DecodeGraph: a static cache and, on cuda, the "
                      "decode step captured once as a CUDA graph (implies --control thread)")
-    gen.add_argument("--routing", choices=ROUTINGS, default="exact", help="exact (default), or cache-aware: a missing "
-                     "routed expert may be swapped for a resident one the router scored close to it, within --max-kl")
-    gen.add_argument("--max-kl", type=float, default=None, metavar="NATS", help="cache-aware routing's budget per token: "
-                     "KL divergence from the router's distribution (0.01-0.02 cost seqmoe-tiny under 0.5%% perplexity)")
     gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
     gen.set_defaults(func=run_generate)
 
@@ -83,12 +58,15 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
         help="tokens/s of greedy decode: full model vs offloaded systems and residencies (CPU)",
         description="Decode built-in Python snippets (or --prompt) greedily with the full model and with each "
         "--systems x --residencies offloaded on the CPU over an emulated link on which every expert row that crosses "
-        "it (a copy, or a missed row read in place) takes --link-ratio x one layer's measured expert compute; print tokens/s, hit rate and the host overhead "
-        "per token, then one JSON line.",
+        "it (a copy, or a missed row read in place) takes --link-ratio x one layer's measured expert compute; print "
+        "tokens/s, hit rate and the host overhead per token, then one JSON line.",
     )
-    b.add_argument("--model", default="seqmoe-tiny", metavar="PATH_OR_NAME", help="model folder or seqmoe-tiny (default)")
+    # One thread by default: decode timings that other load on the machine disturbs least.
+    add_offload_flags(b, skip=("residency", "system", "routing", "max_kl", "device", "hardware", "bandwidth", "train",
+                               "predictor"), threads=1)
     b.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: built-in snippets)")
-    b.add_argument("--residencies", default="0.25,0.5,1.0", help="comma-separated residencies (default: 0.25,0.5,1.0)")
+    residencies = ",".join(map(str, COMPARED_RESIDENCIES))
+    b.add_argument("--residencies", default=residencies, help=f"comma-separated residencies (default: {residencies})")
     b.add_argument("--systems", default=",".join(COMPARED_SYSTEMS),
                    help=f"comma-separated systems (default: {','.join(COMPARED_SYSTEMS)})")
     b.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default: 32)")
@@ -99,12 +77,7 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--predictor-minutes", type=float, default=0.5, help="training time of that forecaster (default: 0.5)")
     b.add_argument("--link-ratio", type=float, default=1.0, help="one expert copy takes this many times one layer's "
                    "expert compute (default: 1)")
-    b.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), default="auto", help="weights dtype")
-    b.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: 1)")
     b.add_argument("--out", metavar="FILE.jsonl", help="also append the JSON line to this file")
-    b.add_argument("--control", choices=("inline", "thread"), default=None, help="where the control plane runs: in "
-                   "the router hooks (inline, the default) or on its own thread fed by the routing mailbox")
-    add_miss_flag(b)
     b.set_defaults(func=run_bench)
 
 
@@ -113,36 +86,22 @@ def _mib(n: int) -> str:
 
 
 def run_generate(args) -> int:
+    load, cfg = offload_configs(args)
+    cfg = cfg.for_graph() if args.graph else cfg
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    from seqmoe.collect import load_model
-    from seqmoe.predict.checkpoints import seq_predictor_for
-    from seqmoe.manager import system_spec
-    from seqmoe.runtime import offload
-    from seqmoe.trace.io import load_trace
+    if not args.prompt:
+        raise UserError("--prompt is empty; give some text")
+    from seqmoe.runtime.load import load_offloaded
 
     import torch
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    train = load_trace(args.train) if args.train else None
-    predictor = args.predictor
-    if system_spec(args.system).needs_predictor:
-        if train is None:
-            raise UserError(f"--system {args.system} needs --train TRACE (and --predictor DIR, or one is trained on it)")
-        predictor = seq_predictor_for(args.predictor, train)
-    model, tok = load_model(args.model, device="cpu", dtype=args.dtype)
-    if tok is None:
-        raise UserError(f"{args.model} has no tokenizer files; generate needs a tokenizer to read --prompt")
+    loaded = load_offloaded(load, cfg, needs="generate needs a tokenizer to read --prompt", progress=progress(args))
+    model, tok, runtime = loaded.model, loaded.tokenizer, loaded.runtime
     ids = tok(args.prompt, return_tensors="pt")["input_ids"]
     if ids.shape[1] == 0:
+        runtime.restore()
         raise UserError("the prompt has no tokens; give some text")
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if args.graph and args.control == "inline":
-        raise UserError("--graph needs --control thread")
-    runtime = offload(model, args.residency, args.system, device=device, train=train, predictor=predictor,
-                      bandwidth=args.bandwidth, hardware=args.hardware, control="thread" if args.graph else args.control,
-                      routing=args.routing, max_kl=args.max_kl, miss=args.miss)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
     ids = ids.to(runtime.pool.device)
     t0 = time.perf_counter()
@@ -163,11 +122,11 @@ def run_generate(args) -> int:
     stats = runtime.stats()
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
     stats.update(generated_tokens=int(new.numel()), wall_s=wall, wall_tokens_per_s=new.numel() / wall,
-                 dense_bytes=dense, model=str(args.model))
+                 dense_bytes=dense, model=str(load.model))
     runtime.close()
     print(args.prompt + text)
     print(f"\n{new.numel()} tokens in {wall:.2f} s ({new.numel() / wall:.1f} tokens/s) on {stats['device']}, "
-          f"system {args.system}, residency {args.residency} ({stats['capacity']} of "
+          f"system {cfg.system}, residency {cfg.residency} ({stats['capacity']} of "
           f"{stats['num_layers'] * stats['num_experts']} experts in device slots)")
     print(f"hit rate {stats['hit_rate']:.3f} (ready {stats['ready']}, late {stats['late']}, misses {stats['misses']}: "
           f"--miss {stats['miss']}, {stats['misses_cpu']} on the host CPU, {stats['misses_in_place']} read in place); "
@@ -182,39 +141,35 @@ def run_generate(args) -> int:
     return 0
 
 
-def _floats(text: str, what: str) -> list[float]:
-    try:
-        out = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"{what} must be comma-separated numbers, got {text!r}") from None
-    if not out:
-        raise UserError(f"{what} is empty")
-    return out
-
-
 def run_bench(args) -> int:
     """`seqmoe bench-runtime`: the table, then one JSON line (also appended to --out)."""
-    residencies = _floats(args.residencies, "--residencies")
+    load, base = offload_configs(args)  # the flags' miss and control, and the paths of --train and --predictor
+    residencies = floats(args.residencies, "--residencies")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not systems:
         raise UserError("--systems is empty")
-    from seqmoe.collect import load_model
+    for r in residencies:
+        check_residency(r)
+    for s in systems:  # the bench collects a training trace and trains a forecaster when none is given
+        check_live_system(s, train=True, predictor=True)
+    check_bench(args.new_tokens, args.repeats, args.link_ratio)
     from seqmoe.bench.decode import PROMPTS, bench_runtime, format_table
+    from seqmoe.collect import load_model
     from seqmoe.trace.io import load_trace
 
     import torch
 
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(load.threads)
     train = load_trace(args.train) if args.train else None
-    model, tok = load_model(args.model, device="cpu", dtype=args.dtype)
+    model, tok = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress(args))
     if tok is None:
-        raise UserError(f"{args.model} has no tokenizer files; bench-runtime needs one to encode the prompts")
+        raise UserError(f"{load.model} has no tokenizer files; bench-runtime needs one to encode the prompts")
     log = lambda line: print(f"seqmoe: {line}", file=sys.stderr)  # noqa: E731
     result = bench_runtime(model, tok, args.prompt or PROMPTS, residencies=residencies, systems=systems,
                            new_tokens=args.new_tokens, repeats=args.repeats, train=train, predictor=args.predictor,
                            link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log,
-                           miss=args.miss, control=args.control)
-    result["model"] = str(args.model)
+                           miss=base.miss, control=base.control)
+    result["model"] = str(load.model)
     print(format_table(result))
     line = json.dumps(result)
     print(line)

@@ -6,7 +6,7 @@
 
 The model is loaded once on the CPU and offloaded as `seqmoe generate` does (same flags); one
 engine thread decodes one request at a time, the others wait in a FIFO queue (`--queue-limit`).
-`add_serve_commands(subparsers)` registers the command (src/seqmoe/cli.py). Bad input raises
+`add_serve_commands(subparsers)` registers the command (src/seqmoe/cli/__init__.py). Bad input raises
 `UserError`; fastapi and uvicorn are the `serve` extra and are imported only when it runs.
 """
 
@@ -17,7 +17,8 @@ import socket
 import sys
 from pathlib import Path
 
-from seqmoe.cli.runtime import add_offload_flags
+from seqmoe.cli.args import progress
+from seqmoe.cli.runtime import add_offload_flags, offload_configs
 from seqmoe.errors import UserError
 
 
@@ -56,10 +57,6 @@ def _check_args(args) -> None:
         raise UserError(f"--queue-limit must be >= 0, got {args.queue_limit}")
     if args.context_length is not None and args.context_length < 2:
         raise UserError(f"--context-length must be >= 2, got {args.context_length}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be >= 1, got {args.threads}")
-    if args.graph and args.control == "inline":
-        raise UserError("--graph needs --control thread")
     if args.chat_template and not Path(args.chat_template).is_file():
         raise UserError(f"no chat template file at {args.chat_template}")
 
@@ -78,6 +75,9 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def run_serve(args) -> int:
+    load, cfg = offload_configs(args)
+    if args.graph:
+        cfg.for_graph()  # a bad combination fails before the server's imports
     _check_args(args)
     try:
         import uvicorn
@@ -88,13 +88,9 @@ def run_serve(args) -> int:
     from seqmoe.serve.load import load_engine
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
-    show = not args.no_progress and sys.stderr.isatty()
-    served = load_engine(args.model, residency=args.residency, system=args.system, train=args.train,
-                         predictor=args.predictor, device=args.device, dtype=args.dtype, control=args.control,
-                         miss=args.miss,
-                         graph=args.graph, threads=args.threads, queue_limit=args.queue_limit,
+    served = load_engine(load, cfg, graph=args.graph, queue_limit=args.queue_limit,
                          context_length=args.context_length, chat_template=args.chat_template,
-                         name=args.served_model_name, progress=show)
+                         name=args.served_model_name, progress=progress(args))
     host, port = sock.getsockname()[:2]
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     print(f"seqmoe: serving {served.name} on {url}/v1 ({served.summary}); stats at {url}/stats", file=sys.stderr,

@@ -5,7 +5,7 @@
     seqmoe trace info puffin.safetensors --json
     seqmoe trace split puffin.safetensors --train train.safetensors --test test.safetensors --test-fraction 0.1
 
-`add_trace_commands(subparsers)` registers the command on the main parser (src/seqmoe/cli.py);
+`add_trace_commands(subparsers)` registers the command on the main parser (src/seqmoe/cli/__init__.py);
 every subcommand sets `func(args) -> int`. Bad input raises `UserError`, which the main CLI
 prints as one line before exiting with code 2.
 """
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from seqmoe._files import atomic_path
+from seqmoe.cli.args import progress
 from seqmoe.errors import UserError
 from seqmoe.trace.io import ACCEPTED, load_trace, save_trace, write_trace_file
 from seqmoe.trace.schema import RoutingTrace
@@ -142,7 +143,7 @@ def run_collect(args: argparse.Namespace) -> int:
         model, texts, tokenizer, pregate=args.pregate, router_logits=args.router_logits, mode=args.mode,
         new_tokens=args.new_tokens, max_tokens=args.max_tokens, labels=labels, model_name=str(args.model),
         source=f"seqmoe trace collect --mode {args.mode} --text {args.text}",
-        progress=not args.no_progress and sys.stderr.isatty(),
+        progress=progress(args),
     )  # fmt: skip
     save_trace(trace, args.out)
     print(f"{_describe(trace)} from {args.text} -> {args.out}")

@@ -1,10 +1,12 @@
 """Capacity, the start placement every system shares, and the checks of residency and capacity.
 
-    C = capacity_for(residency, L, E, K)      # floor(r * L * E) slots; UserError unless 0 < r <= 1 and C >= K
+    C = capacity_for(residency, L, E, K)      # floor(r * L * E) slots; UserError unless C >= K
     start = start_placement(train, C)         # the C experts used most often in the training split
 """
 
 from __future__ import annotations
+
+import numbers
 
 import numpy as np
 
@@ -13,7 +15,9 @@ from seqmoe.trace.schema import RoutingTrace
 
 
 def check_residency(residency: float) -> None:
-    """UserError unless 0 < residency <= 1."""
+    """UserError unless residency is a number in (0, 1]."""
+    if isinstance(residency, bool) or not isinstance(residency, numbers.Real):
+        raise UserError(f"residency must be a number in (0, 1], got {residency!r} ({type(residency).__name__})")
     if not 0.0 < residency <= 1.0:
         raise UserError(f"residency must be in (0, 1], got {residency}")
 
@@ -29,8 +33,8 @@ def check_capacity(capacity: int, top_k: int, residency: float | None = None, nu
 
 
 def capacity_for(residency: float, num_layers: int, num_experts: int, top_k: int = 1) -> int:
-    """C = floor(r * L * E) slots for residency r in (0, 1]; UserError when they cannot hold top-k experts."""
-    check_residency(residency)
+    """C = floor(r * L * E) slots for residency r in (0, 1] (checked by the configurations that take it:
+    `seqmoe.config`); UserError when they cannot hold top-k experts."""
     capacity = int(np.floor(residency * num_layers * num_experts + 1e-9))
     check_capacity(capacity, top_k, residency, num_layers * num_experts)
     return capacity

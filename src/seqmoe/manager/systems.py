@@ -104,12 +104,6 @@ def system_spec(name: str, choices=None) -> SystemSpec:
     return SYSTEMS[name]
 
 
-def check_systems(names) -> None:
-    """UserError naming the first unknown system of `names`."""
-    for name in names:
-        system_spec(name)
-
-
 def systems_with(*roles: str, with_pregate: bool = False) -> list[str]:
     """The systems of the given roles, in registration order (those needing pre-gate scores only
     if `with_pregate`)."""

@@ -8,18 +8,18 @@ What changes on the model instance (transformers' classes and registries are nev
 MoE block's `experts` submodule becomes an `OffloadedExperts`, its routed parameters are packed
 into host blocks and taken out (emptied, kept for `restore`); forward hooks and a forward guard sit
 on the model and on each router. Shared experts, attention and dense layers stay where they were
-(or move to `device`). See `pool` (data plane), `control` (control plane) and `copier`.
+(or move to `device`).
 
-`offload` is all-or-nothing: every argument and the device's free memory are checked before
-anything changes, and each change after that is undone, in reverse, if a later step fails (an
+Every option is a field of `seqmoe.config.OffloadConfig`, checked when it is built. `offload` is
+all-or-nothing: the options, the model and the device's free memory are checked before anything
+changes (`_plan`), and each change after that is undone, in reverse, if a later step fails (an
 out-of-memory pool, a failing copy, Ctrl-C): the model is then as it was, weights, devices and
-Parameter objects alike.
+Parameter objects alike. docs/decode.md tells what the parts built here do in a decode step.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 import os
 
 import numpy as np
@@ -27,21 +27,20 @@ import torch
 
 from seqmoe.arch import ExpertLayout, ModelArch, model_arch
 from seqmoe.cache import LRUPolicy
-from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RUNTIME_MISS, DEFAULT_RUNTIME_RESIDENCY, DEFAULT_SYSTEM
+from seqmoe.config import DEFAULT_HARDWARE, MEASURED, OffloadConfig
 from seqmoe.errors import UserError
 from seqmoe.host_cost import has_host_path, host_expert_time_s
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
-from seqmoe.manager.miss_paths import check_miss
-from seqmoe.manager.systems import live_systems, system_spec
+from seqmoe.manager.systems import system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime.core.device import Undo, allocate_slots, check_device_memory, move_model, resolve_device
-from seqmoe.rerouting import CacheAwareRouting, check_routing
+from seqmoe.rerouting import CacheAwareRouting
 from seqmoe.runtime.eager.host_exec import HostExecutor
 from seqmoe.runtime.posted.host_relay import HostRelay
 from seqmoe.runtime.core.controller import Controller
 from seqmoe.runtime.posted.control_thread import ControlThread
 from seqmoe.runtime.core.copier import CopyWorker
-from seqmoe.runtime.core.costs import MEASURED, measure_host_expert_s, measure_link, measured_profile
+from seqmoe.runtime.core.costs import measure_host_expert_s, measure_link, measured_profile
 from seqmoe.runtime.core.experts import OffloadedExperts
 from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.handle import OffloadRuntime
@@ -53,33 +52,19 @@ from seqmoe.runtime.eager.pregate import LivePregate
 from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.core.signals import shield_off, shield_on
+from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
 
 __all__ = ["offload", "OffloadRuntime", "measure_profile"]
 
 
-_LIVE = dict(with_predictor=True, with_host=True, with_pregate=True)
-"""What `offload` can run live: every system that reads no future."""
-
-
-def _check_system(system: str, train: RoutingTrace | None, predictor, replay: RoutingTrace | None) -> None:
-    choices = ", ".join(live_systems(**_LIVE))
-    spec = system_spec(system, None if replay is not None else live_systems(**_LIVE))
-    if spec.reads_future and replay is None:
-        raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: {choices}")
-    if spec.needs_predictor and predictor is None:
-        raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor=DIR (a checkpoint of "
-                        "`seqmoe train` on a trace of this model) or a SeqPredictor")
-    if spec.learns and train is None:
-        raise UserError(f"system {system!r} learns from a routing trace of this model: pass train=RoutingTrace "
-                        "(seqmoe.collect.collect_trace), or choose one of: " + ", ".join(live_systems(with_train=False)))
-    if spec.needs_pregate and (train is None or train.pregate_logits is None):
-        raise UserError(f"system {system!r} fuses pre-gating: pass a train= trace collected with pre-gate scores "
-                        "(seqmoe trace collect --pregate H), whose fusion weights it fits")
-
-
-def _load_predictor(predictor, L: int, E: int, K: int):
-    """The forecaster object for `predictor` (a checkpoint folder or a `SeqPredictor`), checked against L/E/K."""
+def _forecaster(predictor, L: int, E: int, K: int):
+    """The forecaster of a `seqmoe*` system: `predictor` (a checkpoint folder or a `SeqPredictor`), checked
+    against L/E/K. `offload` trains none (the commands do: `seqmoe.runtime.load`)."""
+    if predictor is None:
+        raise UserError("the seqmoe systems need the seq2seq forecaster: pass predictor= (a checkpoint folder of "
+                        "`seqmoe train`; `seqmoe.predict.checkpoints.seq_predictor_for(None, train)` trains one on a "
+                        "trace and caches it)")
     if isinstance(predictor, (str, os.PathLike)):
         from seqmoe.predict.seqmodel import load_seq_predictor
 
@@ -91,6 +76,15 @@ def _load_predictor(predictor, L: int, E: int, K: int):
                                                                  "observe", "predict")):
         raise UserError(f"predictor= must be a checkpoint folder or a SeqPredictor, got {type(predictor).__name__}")
     return predictor
+
+
+def _trace(value, what: str) -> RoutingTrace | None:
+    """`value` as a RoutingTrace: loaded when it is a path."""
+    if value is None or isinstance(value, RoutingTrace):
+        return value
+    if isinstance(value, (str, os.PathLike)):
+        return load_trace(value)
+    raise UserError(f"{what}= must be a RoutingTrace or a trace file, got {type(value).__name__}")
 
 
 def _placeholder_trace(L: int, E: int, K: int, name: str) -> RoutingTrace:
@@ -122,65 +116,26 @@ def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayou
                         source="parameter bytes of the loaded model (seqmoe.runtime)")
 
 
-def offload(model, residency: float = DEFAULT_RUNTIME_RESIDENCY, system: str = DEFAULT_SYSTEM, *, device=None, predictor=None,
-            bandwidth: float | None = None, train: RoutingTrace | None = None,
-            hardware: str | HardwareProfile | None = None, emulate_link: bool = False,
-            control: str | None = None, replay: RoutingTrace | None = None, routing: str = "exact",
-            max_kl: float | None = None, miss: str | None = None, record_trace: bool = True) -> OffloadRuntime:
+_GIVEN = object()
+"""`offload`'s residency and system when not given (None is not a residency)."""
+
+
+def offload(model, residency: float = _GIVEN, system: str = _GIVEN, *, config: OffloadConfig | None = None,
+            **options) -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
         model: modified in place (its `experts` submodules, hooks); `runtime.restore()` undoes it.
-        residency: r in (0, 1]: C = floor(r x L x E) slots; C must hold one layer's top-k experts.
-        system: a live system (`live_systems(**_LIVE)`): eviction policy + predictor + prefetch scheduler.
-        device: where the pool and the rest of the model live (default: the model's device).
-        predictor: the seq2seq forecaster of the `seqmoe*` systems: a checkpoint folder (`seqmoe train`
-            on a trace of this model) or a `SeqPredictor`; ignored by the other systems. It is fed
-            each position's token id (the model's input ids, hashed without a vocabulary).
-        bandwidth: host->device bytes/s of the virtual clock's cost model (default: the hardware's).
-        train: routing trace of this model for systems that learn (start placement, statistics);
-            without it the pool starts empty.
-        hardware: hardware profile (preset name, file or object) of the cost model, or "measured":
-            `DEFAULT_HARDWARE` with its link and host CPU measured on this machine at start
-            (`costs`). Default: "measured" when misses may go to the host CPU (`miss` "cpu" or
-            "auto", `cpu-all`, `static-split-style`: choosing a path needs this machine's costs),
-            else `DEFAULT_HARDWARE`.
-        emulate_link: CPU only: every expert row crossing the link costs one copy time of the cost
-            model (copies and in-place reads; a miss waits for its copy), see `pool`; it needs a
-            profile, not "measured".
-        control: "thread" (default on CUDA): decode steps post their routing to a mailbox and a
-            control thread runs the state machine, so a decode step never synchronises with the host
-            and can be captured as a CUDA graph (`DecodeGraph`); "inline" (default on the CPU): the
-            state machine runs in the router hooks. Same decisions, same counts.
-        replay: the routing this model will compute, position for position, when a harness forces
-            it (`realsize.ForcedRouting`): the forecaster hashes its tokens through the trace's
-            vocabulary as the simulator does, and the oracle systems may read its future.
-        routing: "exact" (default) or "cache-aware": a missing routed expert may be swapped for a
-            resident one the router scored close to it, each token spending at most `max_kl`
-            nats of KL divergence from the router's distribution (`cache_routing`; posted steps
-            on CUDA apply it in a kernel, `kernels.rerouting`).
-        miss: how a miss is served (`seqmoe.manager.miss_paths`): "copy" into a slot, "in-place"
-            (read from its host row, no slot), "cpu" (computed on the host CPU by
-            `host_exec.HostExecutor` while the device computes the rest; with control="thread"
-            through `host_relay`; on CUDA that needs triton) or "auto" (chosen per miss from the cost
-            model's link and host, measured by default). Default: `DEFAULT_RUNTIME_MISS` with
-            inline control, "copy" with control="thread". Systems that fix their own path
-            (`cpu-all`, `static-split-style`) ignore it.
-        record_trace: keep every position's routing for `runtime.trace()`; it grows by L x K x 6 bytes
-            and a few small arrays per position, so a long-running server (`seqmoe serve`) turns it off.
+        residency, system: `OffloadConfig.residency` and `.system`, the two options most runs set.
+        config: every option, with its default (`seqmoe.config.OffloadConfig`; each field's docstring
+            says what it does).
+        **options: fields of the configuration to set, e.g. `miss="auto"`, `control="thread"`,
+            `train=trace`, `predictor="ckpt/"`, `hardware="measured"`, `routing="cache-aware", max_kl=0.02`.
     """
-    check_routing(routing, max_kl)
-    if miss is not None:
-        check_miss(miss)
-    plan = _plan(model, residency, system, device=device, predictor=predictor, bandwidth=bandwidth, train=train,
-                 hardware=hardware, control=control, replay=replay, miss=miss, emulate_link=emulate_link)
-    if plan.control == "thread" and plan.device.type == "cuda" and not relay_kernels.available():
-        needs = [f"miss={plan.system.miss!r}"] if _on_host_cpu(plan.system) else []
-        needs += ["cache-aware routing"] if routing != "exact" else []
-        if needs:
-            raise UserError(f"{' and '.join(needs)} with control='thread' on CUDA run(s) in Triton kernels, and no "
-                            "triton with tl.atomic_load is installed: pip install -U triton, or use control='inline'")
-    return _assemble(model, plan, emulate_link, max_kl if routing != "exact" else None, record_trace)
+    given = {k: v for k, v in (("residency", residency), ("system", system)) if v is not _GIVEN} | options
+    cfg = dataclasses.replace(config, **given) if config is not None else OffloadConfig(**given)
+    plan = _plan(model, cfg)
+    return _assemble(model, plan, cfg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -199,56 +154,55 @@ class _Plan:
     measure: bool
     """The link and host fields of `hardware` are to be measured at start (`costs`)."""
     meta: TraceMeta
-    system_name: str
-    residency: float
     pregate: LivePregate | None
     """The live pre-gate rows the system reads (the router hooks note their inputs), or None."""
 
 
-def _plan(model, residency, system, *, device, predictor, bandwidth, train, hardware, control, replay,
-          miss=None, emulate_link=False) -> _Plan:
-    """Check every argument and the device's free memory; UserError before anything changes."""
-    if isinstance(residency, bool) or not isinstance(residency, numbers.Real):
-        raise UserError(f"residency must be a number in (0, 1], got {residency!r} ({type(residency).__name__})")
+def _plan(model, cfg: OffloadConfig) -> _Plan:
+    """What `cfg` means for `model`: its traces and forecaster loaded, the model and the device's free
+    memory checked; UserError before anything changes."""
     arch = model_arch(model)
     layers = arch.moe
     L, E, K = len(layers), arch.num_experts, arch.top_k
-    C = capacity_for(float(residency), L, E, K)
-    _check_system(system, train, predictor, replay)
-    predictor = _load_predictor(predictor, L, E, K) if system_spec(system).needs_predictor else None
+    C = capacity_for(cfg.residency, L, E, K)
+    spec = system_spec(cfg.system)
     name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
     dims = _placeholder_trace(L, E, K, name)
+    train, replay = _trace(cfg.train, "train"), _trace(cfg.replay, "replay")
     if train is not None:
         check_dims("train trace", train, dims, "collect it from this model")
     if replay is not None:
         check_dims("replay trace", replay, dims, "record it from this architecture")
+    if spec.needs_pregate and train.pregate_logits is None:
+        raise UserError(f"system {cfg.system!r} fuses pre-gating: give a train trace collected with pre-gate scores "
+                        "(seqmoe trace collect --pregate H), whose fusion weights it fits")
     start = start_placement(train, C) if train is not None else []
     originals = _experts_modules(layers)
     layouts = [arch.layout(x) for x in originals]
     if len(set(layouts)) > 1:
         raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
-    device = resolve_device(device, next(p.device for p in originals[0].parameters()))
-    control = control or ("thread" if device.type == "cuda" else "inline")
-    if control not in ("inline", "thread"):
-        raise UserError(f"control must be 'inline' or 'thread', got {control!r}")
-    miss = miss or (DEFAULT_RUNTIME_MISS if control == "inline" else "copy")
+    device = resolve_device(cfg.device, next(p.device for p in originals[0].parameters()))
+    control = cfg.control_on(device.type)
     if device.type == "cuda":
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
+    predictor = _forecaster(cfg.predictor, L, E, K) if spec.needs_predictor else None
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     # Pre-gate rows computed live, for the systems that fuse them (their weights fitted on `train`'s).
     pregate = None if train is None or train.pregate_logits is None else LivePregate(
         [m.router for m in layers], train.pregate_logits.shape[2], E, K)
-    sys_obj = build_system(system, SystemInputs(train=train or dims, test=replay or dims, capacity=C, start=tuple(start),
-                                                predictor=predictor, pregate=pregate), miss)
-    measure = hardware == MEASURED or (hardware is None and _on_host_cpu(sys_obj))
-    if measure and (bandwidth is not None or emulate_link):
-        raise UserError("a measured cost model takes its link from this machine: give hardware= a profile to use "
-                        "bandwidth= or emulate_link=")
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_hardware_profile(
-        DEFAULT_HARDWARE if measure or hardware is None else hardware)
-    if bandwidth is not None:
-        hw = dataclasses.replace(hw, name=f"{hw.name} at {bandwidth:g} B/s", h2d_bytes_per_s=float(bandwidth))
+    sys_obj = build_system(cfg.system, SystemInputs(train=train or dims, test=replay or dims, capacity=C,
+                                                    start=tuple(start), predictor=predictor, pregate=pregate),
+                           cfg.miss_with(control))
+    measure = cfg.hardware == MEASURED or (cfg.hardware is None and _on_host_cpu(sys_obj))
+    if measure and (cfg.bandwidth is not None or cfg.emulate_link):
+        raise UserError(f"a measured cost model takes its link from this machine (system {cfg.system!r} with miss "
+                        f"{sys_obj.miss!r} prices its host path with one): give a hardware profile to use a bandwidth "
+                        "or an emulated link")
+    hw = cfg.hardware if isinstance(cfg.hardware, HardwareProfile) else get_hardware_profile(
+        DEFAULT_HARDWARE if measure or cfg.hardware is None else cfg.hardware)
+    if cfg.bandwidth is not None:
+        hw = dataclasses.replace(hw, name=f"{hw.name} at {cfg.bandwidth:g} B/s", h2d_bytes_per_s=float(cfg.bandwidth))
     if len(start) == L * E:
         # Every expert is resident for good: no prefetch, load or eviction can happen, so the counts
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
@@ -257,14 +211,19 @@ def _plan(model, residency, system, *, device, predictor, bandwidth, train, hard
     if not isinstance(sys_obj.predictor, (HybridPredictor, PregatePredictor)):
         pregate = None  # nothing reads it: the router hooks keep no input
     elif control != "inline":
-        raise UserError(f"system {system!r} fuses pre-gating, computed from the live hidden states: it runs with "
+        raise UserError(f"system {cfg.system!r} fuses pre-gating, computed from the live hidden states: it runs with "
                         "control='inline'")
-    meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({system}, residency {residency})",
+    if control == "thread" and device.type == "cuda" and not relay_kernels.available():
+        needs = [f"miss={sys_obj.miss!r}"] if _on_host_cpu(sys_obj) else []
+        needs += ["cache-aware routing"] if cfg.routing != "exact" else []
+        if needs:
+            raise UserError(f"{' and '.join(needs)} with control='thread' on CUDA run(s) in Triton kernels, and no "
+                            "triton with tl.atomic_load is installed: pip install -U triton, or use control='inline'")
+    meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({cfg.system}, residency {cfg.residency})",
                      extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
-                            "system": system, "capacity": C})
-    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, system, residency,
-                 pregate)
+                            "system": cfg.system, "capacity": C})
+    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, pregate)
 
 
 def _on_host_cpu(system) -> bool:
@@ -287,8 +246,9 @@ def _measured(hw: HardwareProfile, model, plan: _Plan, hosts, host: HostExecutor
     return measured_profile(hw, layout.expert_bytes, measure_link(hosts[0][0], plan.device), host_s)
 
 
-def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None, record_trace: bool) -> OffloadRuntime:
+def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
     """Change the model as `plan` says; every step is undone, in reverse, if a later one fails."""
+    emulate_link, max_kl = cfg.emulate_link, cfg.max_kl if cfg.routing != "exact" else None
     arch, originals, layout, device = plan.arch, plan.originals, plan.layouts[0], plan.device
     layers, C, hw = arch.moe, plan.capacity, plan.hardware
     L, E, K = len(layers), arch.num_experts, arch.top_k
@@ -307,7 +267,7 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None, reco
             undo.push(host.close)
         if plan.measure:
             hw = _measured(hw, model, plan, hosts, host)
-        controller = Controller(plan.system, L, E, K, plan.meta, record=record_trace)
+        controller = Controller(plan.system, L, E, K, plan.meta, record=cfg.record_trace)
         controller.pregate = plan.pregate
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
         worker = CopyWorker(pool)
@@ -336,7 +296,7 @@ def _assemble(model, plan: _Plan, emulate_link: bool, max_kl: float | None, reco
         shield_on()  # Ctrl-C now waits for the end of a state-machine transition (`signals`)
         undo.push(shield_off)
         return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
-                              system=plan.system_name, residency=plan.residency, start=plan.start, model_profile=mp,
+                              system=cfg.system, residency=cfg.residency, start=plan.start, model_profile=mp,
                               hardware=hw, host=host)
 
 

@@ -18,8 +18,8 @@ import numpy as np
 from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
-from seqmoe.manager import SystemInputs, build_system, capacity_for, check_residency, start_placement, summarize
-from seqmoe.manager.systems import check_systems, system_spec
+from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
+from seqmoe.manager.systems import system_spec
 from seqmoe.predict.checkpoints import seq_predictor_for
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
@@ -107,10 +107,7 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
 
 def run_sweep(cfg: SimConfig, systems, residencies, *, workload: Workload | None = None, progress: bool = False):
     """Yield one result row per (residency, system), residencies outermost."""
-    check_systems(systems)
-    for r in residencies:
-        check_residency(r)  # before any work
+    runs = [dataclasses.replace(cfg, system=name, residency=r) for r in residencies for name in systems]  # checked here
     w = workload or load_workload(cfg)
-    for r in residencies:
-        for name in systems:
-            yield run_one(w, dataclasses.replace(cfg, system=name, residency=r), progress=progress)
+    for run in runs:
+        yield run_one(w, run, progress=progress)

@@ -21,8 +21,6 @@ import torch
 from seqmoe.host_cost import host_fields
 from seqmoe.profiles import HardwareProfile
 
-MEASURED = "measured"
-"""The `hardware=` of `offload` that asks for this measurement."""
 REPEATS = 7
 SMALL_BYTES = 4096
 """The small copy whose time is taken as the fixed cost of one copy."""

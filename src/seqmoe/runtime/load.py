@@ -1,0 +1,57 @@
+"""A checkpoint loaded and offloaded: what `seqmoe generate` and `seqmoe serve` do before they decode.
+
+    loaded = load_offloaded(LoadConfig(model="seqmoe-tiny"), OffloadConfig(residency=0.3), needs="...")
+    loaded.model, loaded.tokenizer, loaded.runtime
+
+The training trace is read first and, for the seqmoe systems without a forecaster, one is trained
+on it once and cached (`seq_predictor_for`). The model is loaded on the CPU and then offloaded
+(`offload`): its routed experts are packed into host memory and only the dense rest moves to the
+device (cuda when available, unless the config names one), so the whole model never has to fit
+there.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from seqmoe.config import LoadConfig, OffloadConfig
+from seqmoe.errors import UserError
+from seqmoe.manager.systems import system_spec
+from seqmoe.model_dirs import has_tokenizer_files, resolve_model_dir
+
+
+@dataclass(frozen=True)
+class Loaded:
+    model: object
+    """The transformers model, offloaded."""
+    tokenizer: object
+    runtime: object
+    """Its `OffloadRuntime`."""
+
+
+def load_offloaded(load: LoadConfig, cfg: OffloadConfig, *, needs: str, progress: bool = False) -> Loaded:
+    """Load `load.model` with its tokenizer and offload it as `cfg` says; `needs`: why a tokenizer is
+    needed (said when the folder has none, before anything loads)."""
+    if not has_tokenizer_files(resolve_model_dir(load.model)):
+        raise UserError(f"{load.model} has no tokenizer files; {needs}")
+    import torch
+
+    from seqmoe.collect import load_model
+    from seqmoe.predict.checkpoints import seq_predictor_for
+    from seqmoe.runtime.core.device import resolve_device
+    from seqmoe.runtime.offload import offload
+    from seqmoe.trace.io import load_trace
+
+    if load.threads:
+        torch.set_num_threads(load.threads)
+    if isinstance(cfg.train, (str, os.PathLike)):  # a bad file fails before the model loads
+        cfg = dataclasses.replace(cfg, train=load_trace(cfg.train))
+    if system_spec(cfg.system).needs_predictor and cfg.predictor is None:  # trained once, cached
+        cfg = dataclasses.replace(cfg, predictor=seq_predictor_for(None, cfg.train, progress=progress))
+    device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
+    model, tokenizer = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress)
+    if tokenizer is None:
+        raise UserError(f"{load.model}'s tokenizer files do not load; {needs}")
+    return Loaded(model, tokenizer, offload(model, config=dataclasses.replace(cfg, device=str(device))))
