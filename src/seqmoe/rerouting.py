@@ -62,7 +62,7 @@ class CacheAwareRouting:
     def __init__(self, max_kl: float, missing, resident) -> None:
         self.max_kl = float(max_kl)
         self._missing, self._resident = missing, resident
-        self.posted = None  # the rule for posted steps on a device (`runtime.routing_device`), if any
+        self.posted = None  # the rule for posted steps on a device (`runtime.kernels.rerouting`), if any
         self._used = np.zeros(0)
         self.activations = self.substitutions = 0
         self.kl_total = 0.0

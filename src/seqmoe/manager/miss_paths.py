@@ -10,7 +10,7 @@ slot (its keep value above the victim's, for policies that value experts), else 
 an expert served on the CPU while the link is idle and worth its slot is also copied in behind
 (a prefetch due at its layer of the next token).
 
-The bound (DESIGN.md: "its argument is written down next to the code"). Resources: C slots, one
+The bound (docs/DESIGN.md: "its argument is written down next to the code"). Resources: C slots, one
 link (c seconds per expert moved, a copy or an in-place read alike), one host CPU (h seconds per
 expert), the device (e seconds per expert activation, F_0 of everything else). A activations;
 N_opt = Belady's misses at C slots from the common start. A system serves m_i activations by

@@ -20,7 +20,7 @@ router, and a guard around the model's forward). The seq2seq forecaster of the `
 request's first position, `begin_token` with the position's input id (a Python int, hashed without
 a vocabulary, as `simulate()` hashes the recorded trace's ids), `observe` at each reveal.
 
-With `control="thread"` (`control_thread.ControlThread`) a decode forward only posts its routing to the
+With `control="thread"` (`posted.control_thread.ControlThread`) a decode forward only posts its routing to the
 mailbox from the router hooks (device ops, no host synchronisation, graph-capturable) and the
 control thread feeds it to the same calls (`decode_layer`); prompt forwards stay inline, after the
 thread has caught up.
@@ -101,11 +101,11 @@ class Controller:
         self._shape = (0, top_k)
         self._new_request = True
         self.host_s = 0.0  # seconds in the model hooks (routing events, control plane); see `OffloadRuntime.stats`
-        self.thread = None  # control_thread.ControlThread when the control plane runs on its own thread
+        self.thread = None  # posted.control_thread.ControlThread when the control plane runs on its own thread
         self.mailbox = None
         self.posting = False  # a decode forward posting to the mailbox is running (thread mode)
         self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
-        self.routing = None  # cache_routing.CacheAwareRouting, or None: exact routing
+        self.routing = None  # seqmoe.rerouting.CacheAwareRouting, or None: exact routing
         self._token_input: torch.Tensor | None = None
         self._posted = 0  # layers the running posting forward has posted
         self._step: tuple[np.ndarray, np.ndarray, int | None] | None = None  # the decode step being read
@@ -114,8 +114,8 @@ class Controller:
         self._mid_token = False  # the driver got a token_start and not yet its last layer_end
         self.abandoned = 0  # tokens the state machine saw in part (a forward cut short)
         self._on_host: set[int] = set()  # uids the manager sent to the host CPU at the current reveal
-        self.relay = None  # host_relay.HostRelay: the host CPU path of posted decode steps
-        self.pregate = None  # runtime.pregate.LivePregate, when the system fuses pre-gating
+        self.relay = None  # posted.host_relay.HostRelay: the host CPU path of posted decode steps
+        self.pregate = None  # eager.pregate.LivePregate, when the system fuses pre-gating
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = manager, pool, worker

@@ -1,5 +1,5 @@
 """When a slot released in thread mode may be overwritten: table versions the device acknowledged,
-and forwards the device has completed. Why that is safe is written in `pool`'s docstring.
+and forwards the device has completed. Why that is safe: docs/decode.md, "The slot fence".
 
     fence = ReadFence(device)
     fence.publish(version)          # pool: after each slot-table store, the table's new version
@@ -55,7 +55,7 @@ class ReadFence:
 
     def ack(self) -> None:
         """Device ops of one post (CPU, or CUDA without triton): acknowledge the previous layer's
-        snapshot, then take this layer's. The Triton post kernel does the same (`mapped`)."""
+        snapshot, then take this layer's. The Triton post kernel does the same (`kernels.mapped`)."""
         self.acked_dev.copy_(self.snap)
         self.snap.copy_(self.version_dev)
 

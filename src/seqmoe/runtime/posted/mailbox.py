@@ -5,11 +5,11 @@
     ids, weights, token = box.wait(step, layer)   # control thread: spins until (step, layer) is posted
     box.skip_to(step)                         # model thread: after a step cut short, post as `step`
 
-The mailbox is pinned host memory that the device writes through its mapped view (`mapped`): a
+The mailbox is pinned host memory that the device writes through its mapped view (`core.mapped`): a
 ring of R decode steps x L layers of routed ids and gate weights, the step's input token, and per
 (step, layer) the step number once its routing is complete, written after the routing (stream
 order, so the host sees the routing before the number). Each post also acknowledges the slot
-table's version for the slot fence (`fence.ReadFence`, argued in `pool`). Each post is a handful
+table's version for the slot fence (`fence.ReadFence`, argued in docs/decode.md). Each post is a handful
 of small device ops (one Triton kernel on CUDA) whose indices are
 device tensors: nothing in it depends on a host value, so it records into a CUDA graph and replays
 with the step counter it keeps on the device. The model thread keeps at most R / 2 steps ahead of
