@@ -31,7 +31,7 @@ PRED=results/carry/predictor
   echo "== decode speed and exactness, seqmoe-tiny, three engines"
   timeout 150 python3 benchmarks/cuda_decode.py --predictor $PRED --out "$OUT/cuda_decode.jsonl" 2>&1 | grep -v Warning
   echo "== seqmoe generate --graph on cuda"
-  timeout 40 python3 -m seqmoe.cli generate --model seqmoe-tiny --device cuda --residency 0.25 --system on-demand-lru \
+  timeout 40 python3 -m seqmoe generate --model seqmoe-tiny --device cuda --residency 0.25 --system on-demand-lru \
       --prompt "def parse_args(argv):" --max-new-tokens 64 --graph --json 2>&1 | tail -4
   fi
   if [ "${REALSIZE:-0}" = 1 ]; then

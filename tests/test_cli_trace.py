@@ -1,50 +1,28 @@
 """`seqmoe trace import|info|split` end to end on small files.
 
 Run: .venv/bin/pytest tests/test_cli_trace.py -q
-
-Uses `seqmoe.cli.main` when it exists, else a stand-in parser built the same way (UserError ->
-"seqmoe: error: <message>" on stderr, exit code 2).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 
 import numpy as np
 import pytest
 
-from seqmoe.cli.trace import add_trace_commands
-from seqmoe.errors import UserError
+from seqmoe.cli import main
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.stats import summarize
 
 HEADER = "Layer ID,Batch Number,Token,Activated Expert IDs"
 
 
-def _standin_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="seqmoe")
-    add_trace_commands(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except UserError as e:
-        print(f"seqmoe: error: {e}", file=sys.stderr)
-        return 2
-
-
 def run(argv: list[str]) -> int:
-    """Exit code of `seqmoe *argv`, whether main returns it or raises SystemExit."""
+    """Exit code of `seqmoe *argv`, whether main returns it or `--help` exits."""
     try:
-        from seqmoe.cli import main
-    except ImportError:
-        main = _standin_main
-    try:
-        code = main(argv)
+        return main(argv)
     except SystemExit as e:
-        code = e.code
-    return 0 if code is None else code
+        return e.code
 
 
 @pytest.fixture

@@ -48,7 +48,3 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as e:
         print(f"seqmoe: error: {e}", file=sys.stderr)
         return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
