@@ -117,3 +117,18 @@ def test_max_tokens_replays_a_prefix(files, capsys):
     row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert row["num_tokens"] == 7 and row["activations"] == 7 * 26 * 6
     assert main(sim_args(files, "--max-tokens", "0")) == 2
+
+
+def test_every_command_prints_its_help():
+    """Each command's (and subcommand's) help formats: flag help is an argparse format string."""
+    from seqmoe.cli import build_parser
+
+    def parsers(p):
+        yield p
+        for action in p._actions:
+            if isinstance(action.choices, dict):  # subcommands
+                for sub in action.choices.values():
+                    yield from parsers(sub)
+
+    seen = [p.prog for p in parsers(build_parser()) if p.format_help()]
+    assert "seqmoe generate" in seen and "seqmoe trace split" in seen and len(seen) > 15

@@ -60,8 +60,9 @@ def add_config_flags(parser, cls, skip: tuple[str, ...] = (), defaults: dict | N
         required = f.default is dataclasses.MISSING
         default = None if required else (defaults or {}).get(f.name, f.default)
         suffix = "" if required or default is None else f" (default: {default})"
+        help = (docs.get(f.name, "") + suffix).replace("%", "%%")  # argparse formats help with %
         parser.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(str(f.type)), default=default,
-                            required=required, metavar=f.metadata.get("metavar"), help=docs.get(f.name, "") + suffix)
+                            required=required, metavar=f.metadata.get("metavar"), help=help)
 
 
 def config_from_args(cls, args, **overrides):
