@@ -10,25 +10,9 @@ slot (its keep value above the victim's, for policies that value experts), else 
 an expert served on the CPU while the link is idle and worth its slot is also copied in behind
 (a prefetch due at its layer of the next token).
 
-The bound (docs/DESIGN.md: "its argument is written down next to the code"). Resources: C slots, one
-link (c seconds per expert moved, a copy or an in-place read alike), one host CPU (h seconds per
-expert), the device (e seconds per expert activation, F_0 of everything else). A activations;
-N_opt = Belady's misses at C slots from the common start. A system serves m_i activations by
-in-place reads and m_c on the CPU (m = m_i + m_c), the rest from slots.
-1. Removing one access from a sequence lowers Belady's miss count by at most 2: put it back into
-   an optimal schedule of the shorter sequence by loading it over some y; the states then differ
-   in one element, which costs at most one more miss (when y is needed before the schedule drops
-   it). So the copies into slots number at least max(0, N_opt - 2 m).
-2. The link moves every copy and every in-place read: link time >= c (max(0, N_opt - 2 m) + m_i).
-3. The CPU computes m_c experts one after another: CPU time >= h m_c.
-4. The device computes the rest: device time >= F_0 + e (A - m_c).
-5. The three overlap at best, so time >= their maximum, and no system beats the best split:
-       bound = min over m_i, m_c >= 0 of max(F_0 + e (A - m_c), c (max(0, N_opt - 2 m) + m_i), h m_c).
-   For a given m_c the link term is least at m_i = floor(R / 2), R = max(0, N_opt - 2 m_c): it is
-   c ceil(R / 2). A scan over m_c = 0 .. A finds the minimum.
-Without a CPU (h = inf) the bound is max(F_0 + e A, c ceil(N_opt / 2)): looser than the copy-only
-bound max(F_0 + e A, c N_opt), which holds only for systems that serve every miss by a copy. Both
-are reported for every run (`summarize`).
+The bound on time (`paths_bound_time_s`; stated in docs/DESIGN.md, "Bound with miss paths"):
+    bound = min over m_c = 0..A of max(F0 + e (A - m_c), c ceil(R / 2), h m_c),  R = max(0, N_opt - 2 m_c)
+Why it holds: docs/decode.md, "The miss paths and their bound".
 """
 
 from __future__ import annotations

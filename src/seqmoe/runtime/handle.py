@@ -8,6 +8,7 @@ The model holds its runtime (`model._seqmoe_runtime`) while offloaded, so the ha
 dropped; once neither is reachable a finalizer stops the control and copy threads, which frees the
 pool. Teardown (`close`, `restore`) completes even under Ctrl-C: a SIGINT arriving during it is
 raised once it is done (`deferred_interrupts`), so the runtime is never left half torn.
+What the runtime does between the calls: docs/decode.md.
 """
 
 from __future__ import annotations

@@ -40,6 +40,7 @@ exactly; the runtime itself serves the next call at once, with the full model's 
 arriving inside one state-machine transition (a reveal, a layer end, one replayed position, the
 opening or closing of a forward) is raised when it ends (`signals.critical`), so slots and
 decisions never disagree.
+Stage by stage, inline and posted: docs/decode.md.
 """
 
 from __future__ import annotations

@@ -5,6 +5,7 @@ The control plane queues a copy when the state machine issues it (`seqmoe.manage
 first in issue order, then prefetches earliest deadline first; a promoted prefetch is queued again
 as a demand copy. A copy whose slot changed hands before it ran is skipped. With the pool's
 emulated link (`ExpertPool.link_s`) the worker also sleeps that long per copy.
+Where copies sit in a decode step: docs/decode.md.
 """
 
 from __future__ import annotations

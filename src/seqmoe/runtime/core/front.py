@@ -16,6 +16,7 @@ Two ways, both exact:
   (order kept, so the eager implementation, whose per-token sum follows expert order, adds in the
   same order).
 Experts the manager sent to the host CPU are not read here (`eager.experts`, `posted.experts`).
+Where it sits in a decode step: docs/decode.md.
 """
 
 from __future__ import annotations

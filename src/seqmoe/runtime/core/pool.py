@@ -24,36 +24,9 @@ read by the experts kernels of the decode step, which take each routed expert fr
 -1, straight from its mapped host block over the link (`mapped.gather_rows`), so a miss never waits
 for a copy and needs nothing from the host. The copy worker copies on its own CUDA stream.
 
-When the control plane runs on its own thread (`control="thread"`) a slot can be released while
-device work queued earlier may still read it; the slot is refilled only once `fence.ReadFence`
-says no such read can remain. The argument, for a slot s whose owner u is released at version V:
-- Readers. A device read of s for u starts from the table entry u -> s, read either (i) on the
-  device, by a posted decode step (`gather_posted` resolves the K routed entries of the mapped
-  table in a kernel of their own, then reads the slots), or (ii) on the host by the model thread,
-  which then queues the read (prompt forwards: `rows`, by-slot windows). On CUDA a posting step
-  never takes (ii) (`OffloadedExperts` reads host rows there); on the CPU (ii) is synchronous.
-- Prompts. A prompt's pre-hook waits until the control thread has read every launched decode
-  step's routing, so every post queued before the prompt has run on the device before the prompt
-  queues anything; the control thread then stays idle until the next decode step is launched.
-- Release. Under the pool lock the entry is cleared, then the table version is bumped to V and
-  stored (host stores stay in order), then the release records (V, n): n, the forwards begun so
-  far (`begin` precedes a forward's device work; reading it under a lock is a full fence).
-- Acknowledgement. Each mailbox post (stream order: after the previous layer's reads, before its
-  own layer's) writes to host memory the version snapshot the previous post took, then takes a new
-  one. Say the host sees a >= V, written by post Q, snapshot by the post P before Q. P loaded the
-  version after the bump, so after the clear was visible: reads of type (i) resolved after P (a
-  later kernel) see the clear, so those that used u -> s precede P in stream order. A read of type
-  (ii) that used u -> s was queued before the release (a control-thread release happens while no
-  prompt runs, after the prompt; a model-thread release follows its own reads); P ran after the
-  release, so, by the prompts rule, P was queued after that read. Either way the read precedes P
-  and finished before Q started. The host may see acknowledgements late; that only delays refills.
-- Completion. Otherwise the refill waits until forwards 1..n have completed (a CUDA event recorded
-  after each forward's work; on the CPU its return): every read queued before the release is done,
-  and a forward begun after it reads the cleared entry. This ends the wait when decoding stops; an
-  interrupted forward is ended by `Controller.abort`.
-In the inline mode releases happen on the model thread between its own reads: on the CPU nothing
-can be in flight; on CUDA a copy into a released slot waits (on its stream) for an event recorded
-on the model's stream at the release.
+In thread mode (`control="thread"`) a released slot is refilled only once `posted.fence.ReadFence`
+says no read of its previous owner can remain; in inline mode on CUDA, after an event recorded at
+the release. Why a released slot is refilled only when safe: docs/decode.md, "The slot fence".
 
 Emulated link (`link_s`, CPU benchmarks): a CPU machine has no link, so a miss would cost nothing
 and foresight could not pay. With `link_s` set every expert row that crosses the link costs that

@@ -5,6 +5,7 @@ call reads the routed experts through the layer's `ExpertFront` (a window of slo
 from its slot or its host block) and runs the original forward on them. When the memory manager
 sent some of a decode position's experts to the host CPU (`miss="cpu"` or `"auto"`), the host
 executor computes those from their host rows meanwhile and its sum is added (`_split`).
+Where it sits in a decode step: docs/decode.md, "On the CPU: inline control".
 """
 
 from __future__ import annotations

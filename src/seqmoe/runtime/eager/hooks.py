@@ -10,6 +10,7 @@
   hooks do): an error leaving the forward, KeyboardInterrupt included, aborts the open forward at
   once. torch runs always-call hooks on Exception only, so without it an interrupted forward would
   stay open until the next call.
+Where each hook sits in a decode step: docs/decode.md.
 """
 
 from __future__ import annotations

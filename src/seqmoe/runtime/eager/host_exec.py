@@ -13,6 +13,7 @@ One thread: at batch 1 an expert is a pass over its weights at the host's memory
 torch's own intra-op threads already use (`benchmarks/host_expert.py`); a second host expert at once
 would not finish either sooner. With the benchmark's emulated link the worker also sleeps the cost
 model's host time per expert (`seqmoe.host_cost`), as the link sleeps a copy time.
+Where it sits in a decode step: docs/decode.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The step's side of the host relay (`host_relay`) as device kernels, so a CUDA decode step with
+"""The step's side of the host relay (`posted.host_relay`) as device kernels, so a CUDA decode step with
 the host path reads no host value and stays capturable as a graph.
 
     side = RelayKernels(relay, device)              # needs triton (on the CPU: TRITON_INTERPRET=1)

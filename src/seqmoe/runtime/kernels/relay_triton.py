@@ -1,4 +1,4 @@
-"""The Triton kernels of `relay_device` (imported only where triton is installed; module level,
+"""The Triton kernels of `kernels.relay` (imported only where triton is installed; module level,
 so the interpreter finds the helpers they call)."""
 
 import triton

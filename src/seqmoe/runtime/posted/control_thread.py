@@ -12,6 +12,7 @@ needs the state machine current (a prompt forward, stats, trace). A step cut sho
 raised or was interrupted after posting some layers) is `cut`: the thread reads the layers that
 were posted, then drops the step (`Controller.abandon_step`) instead of waiting for the rest. An
 error in the thread is raised on the model thread at its next `launch` or `catch_up`.
+Where it sits in a decode step: docs/decode.md, "On CUDA: posted and captured".
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ mapped host block (`ExpertPool.gather_posted`), and runs the original forward on
 routed ids replaced by 0..K-1: static shapes. With the host path (`host_relay`) the call first
 posts its inputs and waits for the control thread's decision: the experts the host CPU computes
 meanwhile run here at weight 0 on zero rows, and their sum is added after.
+Where it sits in a decode step: docs/decode.md, "On CUDA: posted and captured".
 """
 
 from __future__ import annotations

@@ -23,10 +23,11 @@ that step (`close_step`) or the control thread stops (the runtime closing). The 
 give up with an error when the control thread or a host job has failed: no wait outlives its partner.
 
 On the CPU backend the step's waits spin on numpy views of the rings. On CUDA the rings are pinned
-and mapped and the step's side is three device kernels (`relay_device`), so the step reads no host
+and mapped and the step's side is three device kernels (`kernels.relay`), so the step reads no host
 value and is captured in the decode graph; their waits end on `abort` (raised here when the
 control thread stops, a host job fails or the runtime closes) and `check` raises what they could
 not make exact.
+Where it sits in a decode step: docs/decode.md, "On CUDA: posted and captured".
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class HostRelay:
         twins: one `HostExecutor.twin` of each layer's experts module.
         layout, hosts: the packed expert layout and each layer's [E, P] host block.
         control_failed: true once the control thread has stopped or failed (the step's waits give up).
-        device: where the step runs (on CUDA the rings are pinned and the step's side is `relay_device`).
+        device: where the step runs (on CUDA the rings are pinned and the step's side is `kernels.relay`).
     """
 
     def __init__(self, mailbox, hidden_size: int, dtype: torch.dtype, executor, twins, layout, hosts,
@@ -71,7 +72,7 @@ class HostRelay:
         self.weights = ring((n, self.K), torch.float64)  # holds any routing dtype exactly
         self.on_host = ring((n, hosts[0].shape[0]), torch.uint8)  # [E] per slot: 1 where the host computes
         self.seqs = ring((3, n), torch.int64, -1)  # the step whose (hidden state, decision, output) a slot holds
-        self.status = ring((3,), torch.int64)  # relay_device's FALLBACKS, FAILURES, ABORT
+        self.status = ring((3,), torch.int64)  # kernels.relay's FALLBACKS, FAILURES, ABORT
         self.xseq, self.dseq, self.oseq = self.seqs.numpy()
         self._on_host_np, self.status_np = self.on_host.numpy(), self.status.numpy()
         self._control_failed = control_failed
