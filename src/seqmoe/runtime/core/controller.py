@@ -20,10 +20,11 @@ router, and a guard around the model's forward). The seq2seq forecaster of the `
 request's first position, `begin_token` with the position's input id (a Python int, hashed without
 a vocabulary, as `simulate()` hashes the recorded trace's ids), `observe` at each reveal.
 
-With `control="thread"` (`posted.control_thread.ControlThread`) a decode forward only posts its routing to the
-mailbox from the router hooks (device ops, no host synchronisation, graph-capturable) and the
-control thread feeds it to the same calls (`decode_layer`); prompt forwards stay inline, after the
-thread has caught up.
+With `control="thread"` (`posted.control_thread.ControlThread`) a decode forward only posts its
+routing to the mailbox from the router hooks (device ops, no host synchronisation,
+graph-capturable) and the control thread feeds it to the same calls (`decode_layer`); prompt
+forwards stay inline, after the thread has caught up. Those methods are the posted engine's and
+live beside it (`posted.steps.PostedSteps`, which `Controller` inherits).
 
 A forward whose model cache is empty starts a new request (as `generate` does for its prompt);
 without a cache (`use_cache=False`) every forward is a request of its own.
@@ -55,6 +56,7 @@ from seqmoe.manager import Driver, System
 from seqmoe.runtime.core.copier import CopyWorker
 from seqmoe.runtime.core.pool import ExpertPool
 from seqmoe.runtime.core.signals import critical
+from seqmoe.runtime.posted.steps import PostedSteps
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 
@@ -72,7 +74,7 @@ class _Open:
     """Its number in the fence's ledger (thread mode)."""
 
 
-class Controller:
+class Controller(PostedSteps):
     """Drive a memory manager from routing events and mirror its slots into `pool` via `worker`.
 
     Args:
@@ -239,34 +241,6 @@ class Controller:
             self.end_forward()
         self._open = None
 
-    def begin_posted(self, token_input: torch.Tensor | None) -> None:
-        """A decode step that posts its routing starts (model thread): launch it on the control
-        thread; `token_input`: its input id [1], or None (DecodeGraph sets it in the captured step)."""
-        if self.relay is not None:
-            self.relay.check()  # a step's host output that never came (device side) fails the next step
-        self.open_forward(posted=True)
-        self.thread.launch()  # may wait for the control thread: not critical (see `_cut`)
-        with critical():
-            self.posting, self._token_input, self._posted = True, token_input, 0
-
-    def end_posted(self, posted: int | None = None) -> None:
-        """The posting forward returned or raised (model thread); `posted`: layers it posted when
-        the hooks did not count them (a replayed graph posts all L). A step that posted fewer
-        than L layers is cut short."""
-        with critical():
-            if posted is not None:
-                self._posted = posted
-            if self._open is not None and self._posted != self.L:
-                self._cut(self._open)
-            self._close_relay_step()
-            self.posting, self._token_input = False, None
-            self._end_ledger()
-            self._open = None
-
-    def graph_pre(self, token_input: torch.Tensor | None) -> None:
-        """Pre-hook of a step DecodeGraph opened itself (or warms up, captures): post, reading nothing."""
-        self.posting, self._token_input, self._posted = True, token_input, 0
-
     def end_open(self) -> None:
         """Post-hook: close this thread's open forward (DecodeGraph closes its own steps; an aborted
         one is closed; another thread's, refused at its pre-hook, is not ours to close)."""
@@ -296,29 +270,11 @@ class Controller:
             self._end_ledger()
             self._open = None
 
-    def _close_relay_step(self) -> None:
-        """The open posted step is over: host jobs still waiting for its hidden states give up."""
-        o = self._open
-        if self.relay is not None and o is not None and self.thread.launched > o.launched_before:
-            self.relay.close_step(o.launched_before)
-
     def _end_ledger(self) -> None:
         o = self._open
         if o is not None and o.seq is not None and self.fence is not None:
             seq, o.seq = o.seq, None
             self.fence.end(seq)
-
-    def _cut(self, o: _Open) -> None:
-        """Tell the control thread how many layers the open decode step posted, if it launched one."""
-        if self.thread.launched <= o.launched_before:
-            return  # interrupted before it launched
-        step, box = o.launched_before, self.mailbox
-        if self.pool.device.type == "cuda":
-            torch.cuda.current_stream(self.pool.device).synchronize()  # then the device's post count is exact
-        posted = min(max(int(box.posts.item()) - step * self.L, 0), self.L)
-        if posted < self.L:
-            self.thread.cut(step, posted)
-            box.skip_to(step + 1)
 
     def _drop_partial_token(self) -> None:
         """The driver saw part of a token that will not finish: count it and start the next one afresh."""
@@ -326,36 +282,6 @@ class Controller:
             self._mid_token = False
             self.abandoned += 1
             self.driver.tokens += 1  # positions are numbered by finished tokens: none is numbered twice
-
-    # -- decode steps read from the mailbox (control thread) --------------------------------------------
-    def post(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
-        """Router hook of a posting forward: device ops only."""
-        self.mailbox.post(layer, ids, weights, self._token_input if layer == 0 else None)
-        self._posted += 1
-
-    def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, token: int | None,
-                     step: int = 0) -> None:
-        """One layer of decode step `step` posted, in order (control thread): what `route` and
-        `experts_done` do for a one-position forward, and `end_forward` after the last layer; the
-        experts it sends to the host CPU go to the relay."""
-        if layer == 0:
-            self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
-            self._token_start(token, new_request=False)
-        step_ids, step_w, tok = self._step
-        step_ids[0, layer], step_w[0, layer] = ids, weights
-        self._on_host.clear()
-        self.driver.reveal(layer, step_ids[0, layer])
-        if self.relay is not None:
-            base = layer * self.E
-            self.relay.decide(step, layer, sorted(u - base for u in self._on_host))
-        self._layer_end(layer)
-        if layer == self.L - 1:
-            self._keep(step_ids, step_w, [tok])
-
-    def abandon_step(self, layers: int) -> None:
-        """The decode step being read was cut short after `layers` layers (control thread, under the lock)."""
-        self._step = None
-        self._drop_partial_token()
 
     def _keep(self, ids: np.ndarray, weights: np.ndarray, tokens: list[int | None]) -> None:
         self._positions += len(tokens)

@@ -1,0 +1,102 @@
+"""The posted engine's half of the controller: decode steps that post their routing (model thread)
+and are read back from the mailbox (control thread). `Controller` (`core/controller.py`) inherits
+it; the state it reads (the open forward, the mailbox, the control thread, the relay) is the
+controller's.
+
+The model thread opens a posted step with `begin_posted` (or `graph_pre` for a step `DecodeGraph`
+opened itself), its router hooks `post` each layer's routing, and `end_posted` closes it, cutting it
+short (`_cut`) when fewer than L layers were posted. The control thread feeds each posted layer to
+the state machine in the inline engine's order (`decode_layer`) and drops a cut step
+(`abandon_step`). Where it sits in a decode step: docs/decode.md, "On CUDA: posted and captured".
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from seqmoe.runtime.core.signals import critical
+
+if TYPE_CHECKING:
+    from seqmoe.runtime.core.controller import _Open
+
+
+class PostedSteps:
+    """Methods of `Controller` for posted decode steps (see the module doc)."""
+
+    def begin_posted(self, token_input: torch.Tensor | None) -> None:
+        """A decode step that posts its routing starts (model thread): launch it on the control
+        thread; `token_input`: its input id [1], or None (DecodeGraph sets it in the captured step)."""
+        if self.relay is not None:
+            self.relay.check()  # a step's host output that never came (device side) fails the next step
+        self.open_forward(posted=True)
+        self.thread.launch()  # may wait for the control thread: not critical (see `_cut`)
+        with critical():
+            self.posting, self._token_input, self._posted = True, token_input, 0
+
+    def end_posted(self, posted: int | None = None) -> None:
+        """The posting forward returned or raised (model thread); `posted`: layers it posted when
+        the hooks did not count them (a replayed graph posts all L). A step that posted fewer
+        than L layers is cut short."""
+        with critical():
+            if posted is not None:
+                self._posted = posted
+            if self._open is not None and self._posted != self.L:
+                self._cut(self._open)
+            self._close_relay_step()
+            self.posting, self._token_input = False, None
+            self._end_ledger()
+            self._open = None
+
+    def graph_pre(self, token_input: torch.Tensor | None) -> None:
+        """Pre-hook of a step DecodeGraph opened itself (or warms up, captures): post, reading nothing."""
+        self.posting, self._token_input, self._posted = True, token_input, 0
+
+    def _close_relay_step(self) -> None:
+        """The open posted step is over: host jobs still waiting for its hidden states give up."""
+        o = self._open
+        if self.relay is not None and o is not None and self.thread.launched > o.launched_before:
+            self.relay.close_step(o.launched_before)
+
+    def _cut(self, o: _Open) -> None:
+        """Tell the control thread how many layers the open decode step posted, if it launched one."""
+        if self.thread.launched <= o.launched_before:
+            return  # interrupted before it launched
+        step, box = o.launched_before, self.mailbox
+        if self.pool.device.type == "cuda":
+            torch.cuda.current_stream(self.pool.device).synchronize()  # then the device's post count is exact
+        posted = min(max(int(box.posts.item()) - step * self.L, 0), self.L)
+        if posted < self.L:
+            self.thread.cut(step, posted)
+            box.skip_to(step + 1)
+
+    def post(self, layer: int, ids: torch.Tensor, weights: torch.Tensor) -> None:
+        """Router hook of a posting forward: device ops only."""
+        self.mailbox.post(layer, ids, weights, self._token_input if layer == 0 else None)
+        self._posted += 1
+
+    def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, token: int | None,
+                     step: int = 0) -> None:
+        """One layer of decode step `step` posted, in order (control thread): what `route` and
+        `experts_done` do for a one-position forward, and `end_forward` after the last layer; the
+        experts it sends to the host CPU go to the relay."""
+        if layer == 0:
+            self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
+            self._token_start(token, new_request=False)
+        step_ids, step_w, tok = self._step
+        step_ids[0, layer], step_w[0, layer] = ids, weights
+        self._on_host.clear()
+        self.driver.reveal(layer, step_ids[0, layer])
+        if self.relay is not None:
+            base = layer * self.E
+            self.relay.decide(step, layer, sorted(u - base for u in self._on_host))
+        self._layer_end(layer)
+        if layer == self.L - 1:
+            self._keep(step_ids, step_w, [tok])
+
+    def abandon_step(self, layers: int) -> None:
+        """The decode step being read was cut short after `layers` layers (control thread, under the lock)."""
+        self._step = None
+        self._drop_partial_token()
