@@ -95,7 +95,11 @@ def test_offload_flags_are_generated_from_the_configurations(command):
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(residency=True), "residency must be a number"),
-    (dict(residency=None), "residency must be a number"),
+    (dict(residency="0.5"), "residency must be a number"),
+    (dict(residency=0.3, expert_memory="1GiB"), "not both"),
+    (dict(expert_memory="12GB"), "is not a size"),
+    (dict(expert_memory=0), "more than 0 bytes"),
+    (dict(expert_dtype="int3"), "unknown expert precision"),
     (dict(miss="copy", control="inline", routing="exact", max_kl=0.1), "exact routing has none"),
     (dict(hardware="measured", bandwidth=1e9), "measured cost model"),
     (dict(emulate_link=True, device="cuda"), "emulated link is for a CPU pool"),

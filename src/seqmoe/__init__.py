@@ -9,9 +9,13 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """`seqmoe.offload` imports the runtime (and torch) on first use only."""
+    """`seqmoe.offload` and `seqmoe.quantize_experts` import the runtime (and torch) on first use only."""
     if name == "offload":
         from seqmoe.runtime import offload
 
         return offload
+    if name == "quantize_experts":
+        from seqmoe.arch.quant import quantize_experts
+
+        return quantize_experts
     raise AttributeError(f"module 'seqmoe' has no attribute {name!r}")

@@ -23,6 +23,7 @@ from seqmoe.manager.miss_paths import check_miss
 from seqmoe.manager.placement import check_residency
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.model_dirs import DTYPES, resolve_model_dir
+from seqmoe.precision import check_precision, parse_bytes
 from seqmoe.profiles import HardwareProfile, get_hardware_profile
 from seqmoe.rerouting import ROUTINGS, check_routing
 
@@ -64,6 +65,12 @@ class SimConfig:
     """Hardware profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
     residency: float = DEFAULT_RESIDENCY
     """Fraction of all experts the device pool holds, in (0, 1]."""
+    memory: str | None = field(default=None, metadata={"metavar": "BYTES"})
+    """Device memory for the expert pool, instead of --residency: bytes, or a size like 24GiB (C = the
+    experts of --expert-dtype's size that fit), so precisions compare at equal memory."""
+    expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
+    """Precision of the expert store: int8, int4 or fp8, as the runtime packs them (groups of 64
+    weights with a float32 scale); default: the model profile's bytes."""
     system: str = DEFAULT_SYSTEM
     """Memory-management system (see `seqmoe systems`)."""
     predictor: str | None = None
@@ -83,6 +90,9 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         check_residency(self.residency)
+        if self.memory is not None:
+            parse_bytes(self.memory, "--memory")
+        check_precision(self.expert_dtype)
         system_spec(self.system)
         check_miss(self.miss)
         check_routing(self.routing, self.max_kl)
@@ -121,8 +131,18 @@ class OffloadConfig:
     """How a model's routed experts are offloaded: every option of `seqmoe.offload` and of the commands
     that offload (generate, serve, bench-runtime), with their defaults."""
 
-    residency: float = DEFAULT_RESIDENCY
-    """Fraction of all experts the device pool holds, in (0, 1]: C = floor(residency x L x E) slots."""
+    residency: float | None = None
+    """Fraction of all experts the device pool holds, in (0, 1]: C = floor(residency x L x E) slots
+    (default: what --expert-memory holds; without it, on cuda the experts that fit the free memory,
+    else 0.45)."""
+    expert_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
+    """Device memory for the expert pool instead of a residency: bytes, or a size like 12GiB or
+    512MiB (C = the experts of the store's precision that fit); the residency it gives is reported."""
+    expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
+    """Precision of the expert store: int8, int4 or fp8 (groups of 64 weights with a float32 scale):
+    every expert is quantized once at offload, and host rows, copies, slots and reads carry the
+    quantized bytes; default: the model's dtype. restore() gives the experts back at this precision
+    (what seqmoe.quantize_experts gives)."""
     system: str = DEFAULT_SYSTEM
     """Memory-management system (see `seqmoe systems`; oracles cannot run live)."""
     miss: str | None = None
@@ -168,7 +188,13 @@ class OffloadConfig:
     position, so a long-running server turns it off."""
 
     def __post_init__(self) -> None:
-        check_residency(self.residency)
+        if self.residency is not None:
+            check_residency(self.residency)
+        if self.expert_memory is not None:
+            parse_bytes(self.expert_memory, "expert_memory")
+            if self.residency is not None:
+                raise UserError("give a residency or an expert memory budget, not both")
+        check_precision(self.expert_dtype)
         check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
                           replay=self.replay is not None)
         if self.miss is not None:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqmoe.errors import UserError
+from seqmoe.precision import quantized_bytes
 
 BF16 = 2
 """Bytes per bf16 parameter."""
@@ -51,6 +52,9 @@ class ModelProfile:
     """Bytes read per MoE layer per decode token besides routed experts (attention, router, shared experts, norms)."""
     token_bytes: int = 0
     """Bytes read per decode token outside the MoE layers (dense layers, embedding row, lm_head)."""
+    expert_params: int = 0
+    """Weights of one routed expert's matrices, what a quantized store prices (0: expert_bytes / 2, a
+    16-bit store)."""
     source: str = "user file"
     """Where the numbers come from."""
 
@@ -58,7 +62,7 @@ class ModelProfile:
         what = f"model profile '{self.name}'"
         for f in ("num_layers", "num_experts", "top_k", "expert_bytes"):
             _check_number(what, f, getattr(self, f), integer=True, minimum=1)
-        for f in ("layer_bytes", "token_bytes"):
+        for f in ("layer_bytes", "token_bytes", "expert_params"):
             _check_number(what, f, getattr(self, f), integer=True, minimum=0)
         if self.top_k > self.num_experts:
             raise UserError(f"{what}: top_k={self.top_k} exceeds num_experts={self.num_experts}")
@@ -66,6 +70,15 @@ class ModelProfile:
     def to_dict(self) -> dict:
         """All fields as a JSON-serialisable dict (the format `get_model_profile` reads)."""
         return dataclasses.asdict(self)
+
+    def at_precision(self, precision: str | None) -> ModelProfile:
+        """This model with its experts stored at `precision` (`seqmoe.precision`: the runtime's
+        format, vectors such as biases left out); itself for None."""
+        if precision is None:
+            return self
+        params = self.expert_params or self.expert_bytes // 2
+        return dataclasses.replace(self, name=f"{self.name} ({precision} experts)",
+                                   expert_bytes=quantized_bytes(params, precision))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -211,6 +224,7 @@ def _model_presets() -> dict[str, ModelProfile]:
     presets.append(ModelProfile(
         name="mixtral-8x7b", num_layers=32, num_experts=8, top_k=2,
         expert_bytes=swiglu_bytes(4096, 14336, BF16),
+        expert_params=3 * 4096 * 14336,
         layer_bytes=gqa_attention_bytes(4096, 32, 8, 128, BF16) + router_bytes(4096, 8) + norms_bytes(4096),
         token_bytes=output_bytes(32000, 4096),
         source="config.json of mistralai/Mixtral-8x7B-v0.1 (bf16)"))
@@ -224,6 +238,7 @@ def _model_presets() -> dict[str, ModelProfile]:
     presets.append(ModelProfile(
         name="deepseek-v2-lite", num_layers=26, num_experts=64, top_k=6,
         expert_bytes=swiglu_bytes(2048, 1408, BF16),
+        expert_params=3 * 2048 * 1408,
         layer_bytes=dsv2l_attn + 2 * swiglu_bytes(2048, 1408, BF16) + router_bytes(2048, 64) + norms_bytes(2048),
         token_bytes=dsv2l_attn + swiglu_bytes(2048, 10944, BF16) + norms_bytes(2048) + output_bytes(102400, 2048),
         source="config.json of deepseek-ai/DeepSeek-V2-Lite (bf16; 1 dense + 26 MoE layers)"))
@@ -235,6 +250,7 @@ def _model_presets() -> dict[str, ModelProfile]:
     presets.append(ModelProfile(
         name="qwen3-30b-a3b", num_layers=48, num_experts=128, top_k=8,
         expert_bytes=swiglu_bytes(2048, 768, BF16),
+        expert_params=3 * 2048 * 768,
         layer_bytes=gqa_attention_bytes(2048, 32, 4, 128, BF16, extra_params=2 * 128)
         + router_bytes(2048, 128) + norms_bytes(2048),
         token_bytes=output_bytes(151936, 2048),
@@ -247,6 +263,7 @@ def _model_presets() -> dict[str, ModelProfile]:
     presets.append(ModelProfile(
         name="olmoe-1b-7b", num_layers=16, num_experts=64, top_k=8,
         expert_bytes=swiglu_bytes(2048, 1024, BF16),
+        expert_params=3 * 2048 * 1024,
         layer_bytes=gqa_attention_bytes(2048, 16, 16, 128, BF16, extra_params=2 * 2048)
         + router_bytes(2048, 64) + norms_bytes(2048),
         token_bytes=output_bytes(50304, 2048),
@@ -261,6 +278,7 @@ def _model_presets() -> dict[str, ModelProfile]:
     presets.append(ModelProfile(
         name="gpt-oss-20b", num_layers=24, num_experts=32, top_k=4,
         expert_bytes=swiglu_bytes(2880, 2880, MXFP4, bias_bytes_per_param=BF16),
+        expert_params=3 * 2880 * 2880,
         layer_bytes=gqa_attention_bytes(2880, 64, 8, 64, BF16, bias=True, extra_params=64)
         + router_bytes(2880, 32, bias=True) + norms_bytes(2880),
         token_bytes=output_bytes(201088, 2880),
@@ -278,6 +296,7 @@ def _model_presets() -> dict[str, ModelProfile]:
     presets.append(ModelProfile(
         name="deepseek-v3", num_layers=58, num_experts=256, top_k=8,
         expert_bytes=swiglu_bytes(7168, 2048, FP8),
+        expert_params=3 * 7168 * 2048,
         layer_bytes=dsv3_attn + swiglu_bytes(7168, 2048, FP8) + router_bytes(7168, 256) + norms_bytes(7168),
         token_bytes=3 * dsv3_dense + output_bytes(129280, 7168),
         source="config.json of deepseek-ai/DeepSeek-V3 (FP8 weights; 3 dense + 58 MoE layers)"))
@@ -289,6 +308,7 @@ def _model_presets() -> dict[str, ModelProfile]:
     presets.append(ModelProfile(
         name="seqmoe-tiny", num_layers=8, num_experts=32, top_k=4,
         expert_bytes=swiglu_bytes(160, 80, BF16),
+        expert_params=3 * 160 * 80,
         layer_bytes=gqa_attention_bytes(160, 5, 5, 32, BF16, extra_params=2 * 160) + router_bytes(160, 32)
         + norms_bytes(160),
         token_bytes=output_bytes(4096, 160),

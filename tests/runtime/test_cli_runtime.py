@@ -54,3 +54,15 @@ def test_generate_routes_cache_aware_within_its_budget(checkpoint, capsys):
     assert run_cli(argv + ["--max-kl", "5"]) == 0
     stats = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert stats["routing"] == "cache-aware" and stats["substitutions"] > 0 and stats["mean_kl"] <= 5
+
+
+def test_generate_fits_the_pool_to_a_byte_budget(checkpoint, capsys):
+    argv = ["generate", "--model", str(checkpoint[0]), "--prompt", "Hello MoE", "--max-new-tokens", "4", "--device",
+            "cpu", "--json", "--expert-dtype", "int4"]
+    assert run_cli(argv + ["--expert-memory", "20KiB"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    stats = json.loads(out[-1])
+    assert stats["capacity"] == (20 << 10) // stats["expert_bytes"] and stats["expert_dtype"] == "int4"
+    assert any(f"residency {stats['residency']:.4g} (from --expert-memory 20KiB)" in line for line in out)
+    with pytest.raises(UserError, match="fewer than the 2 one layer needs"):
+        run_cli(argv + ["--expert-memory", "1KiB"])

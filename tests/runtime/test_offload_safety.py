@@ -123,7 +123,7 @@ def test_a_bad_device_is_a_user_error_and_changes_nothing(device, match):
     _assert_same(before, _state(model))
 
 
-@pytest.mark.parametrize("residency", ["0.5", None, True, [0.5]])
+@pytest.mark.parametrize("residency", ["0.5", "", True, [0.5]])  # None: the default (OffloadConfig.residency)
 def test_a_residency_that_is_not_a_number_is_a_user_error(residency):
     with pytest.raises(UserError, match=r"residency must be a number in \(0, 1\]"):
         offload(fresh("olmoe"), residency)

@@ -33,6 +33,10 @@ class ExpertLayout:
     """P: numbers per expert."""
     dtype: torch.dtype
 
+    in_place = True
+    """`views` are views of the rows: the parameters' own numbers (a window of slots can be read in place)."""
+    compute_dtype = property(lambda self: self.dtype, doc="The dtype the experts compute in.")
+
     @classmethod
     def of(cls, experts: torch.nn.Module, names: tuple[str, ...]) -> ExpertLayout:
         """The layout of the stacked parameters `names` of `experts`; UserError if their dtypes differ."""

@@ -30,7 +30,7 @@ import time
 import torch
 
 from seqmoe.arch import cache_kwarg, model_arch
-from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, check_live_system
+from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, OffloadConfig, check_live_system
 from seqmoe.bench import check_bench
 from seqmoe.errors import UserError
 from seqmoe.host_cost import host_fields
@@ -141,7 +141,7 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
 def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARED_RESIDENCIES, systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
                   link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None,
-                  miss: str | None = None, control: str | None = None) -> dict:
+                  config: OffloadConfig | None = None) -> dict:
     """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
 
     Args:
@@ -156,10 +156,10 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
             default: one trained for `predictor_minutes` on `train`.
         link_ratio: one expert copy takes this many times one layer's measured expert compute.
         log: called with progress lines.
-        miss: how the systems serve misses (`seqmoe.manager.miss_paths`; default: `offload`'s); the host
-            CPU's time per expert is that of this CPU's host path, measured at start (`costs`), held
-            in the host executor.
-        control: where the control plane runs (`offload`; default: inline on the CPU).
+        config: the other offload options (miss path, control, expert precision; default: `offload`'s);
+            each run sets its system, residency, training trace, forecaster and the cost model below.
+            The host CPU's time per expert is that of this CPU's host path, measured at start
+            (`costs`), held in the host executor.
 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
@@ -196,8 +196,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
         for r in residencies:
             pred = copy.deepcopy(predictor) if ALL[system].needs_predictor else None
             near = _timed_passes(model, ids, new_tokens, repeats)  # the full model again, right before: load drifts
-            rt = offload(model, r, system, train=train, predictor=pred, hardware=hw, emulate_link=True, miss=miss,
-                         control=control)
+            rt = offload(model, r, system, config=config or OffloadConfig(), train=train, predictor=pred, hardware=hw,
+                         emulate_link=True)
             try:
                 greedy_decode(model, ids[0], min(new_tokens, 4), rt)  # warm-up (counted in the stats)
                 res = _timed_passes(model, ids, new_tokens, repeats, rt)

@@ -24,6 +24,7 @@ from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress
 from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, OffloadConfig, check_live_system
 from seqmoe.errors import UserError
 from seqmoe.manager.placement import check_residency
+from seqmoe.precision import format_bytes
 
 
 def add_offload_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), threads: int | None = None) -> None:
@@ -62,8 +63,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
         "tokens/s, hit rate and the host overhead per token, then one JSON line.",
     )
     # One thread by default: decode timings that other load on the machine disturbs least.
-    add_offload_flags(b, skip=("residency", "system", "routing", "max_kl", "device", "hardware", "bandwidth", "train",
-                               "predictor"), threads=1)
+    add_offload_flags(b, skip=("residency", "expert_memory", "system", "routing", "max_kl", "device", "hardware",
+                               "bandwidth", "train", "predictor"), threads=1)
     b.add_argument("--prompt", action="append", metavar="TEXT", help="a prompt (repeatable; default: built-in snippets)")
     residencies = ",".join(map(str, COMPARED_RESIDENCIES))
     b.add_argument("--residencies", default=residencies, help=f"comma-separated residencies (default: {residencies})")
@@ -125,9 +126,11 @@ def run_generate(args) -> int:
                  dense_bytes=dense, model=str(load.model))
     runtime.close()
     print(args.prompt + text)
+    budget = f" (from --expert-memory {cfg.expert_memory})" if cfg.expert_memory is not None else ""
     print(f"\n{new.numel()} tokens in {wall:.2f} s ({new.numel() / wall:.1f} tokens/s) on {stats['device']}, "
-          f"system {cfg.system}, residency {cfg.residency} ({stats['capacity']} of "
-          f"{stats['num_layers'] * stats['num_experts']} experts in device slots)")
+          f"system {cfg.system}, residency {stats['residency']:.4g}{budget}: {stats['capacity']} of "
+          f"{stats['num_layers'] * stats['num_experts']} experts in device slots, {stats['expert_dtype']} experts of "
+          f"{format_bytes(stats['expert_bytes'])}")
     print(f"hit rate {stats['hit_rate']:.3f} (ready {stats['ready']}, late {stats['late']}, misses {stats['misses']}: "
           f"--miss {stats['miss']}, {stats['misses_cpu']} on the host CPU, {stats['misses_in_place']} read in place); "
           f"{stats['copies']} expert copies ({_mib(stats['bytes_copied'])})")
@@ -143,7 +146,7 @@ def run_generate(args) -> int:
 
 def run_bench(args) -> int:
     """`seqmoe bench-runtime`: the table, then one JSON line (also appended to --out)."""
-    load, base = offload_configs(args)  # the flags' miss and control, and the paths of --train and --predictor
+    load, base = offload_configs(args)  # miss, control, expert precision; the paths of --train and --predictor
     residencies = floats(args.residencies, "--residencies")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     if not systems:
@@ -168,7 +171,7 @@ def run_bench(args) -> int:
     result = bench_runtime(model, tok, args.prompt or PROMPTS, residencies=residencies, systems=systems,
                            new_tokens=args.new_tokens, repeats=args.repeats, train=train, predictor=args.predictor,
                            link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log,
-                           miss=base.miss, control=base.control)
+                           config=base)
     result["model"] = str(load.model)
     print(format_table(result))
     line = json.dumps(result)

@@ -16,11 +16,14 @@ import sys
 
 from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig
+from seqmoe.errors import UserError
 from seqmoe.manager.systems import ROLES, SYSTEMS, baselines, systems_with
 from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES
 from seqmoe.report.plot import plot_results
 from seqmoe.report.table import format_table, read_jsonl, write_jsonl
 from seqmoe.sim.run import load_workload, run_one, run_sweep
+
+_RESIDENCIES = ",".join(map(str, DEFAULT_RESIDENCIES))
 
 
 def _names(text: str) -> list[str]:
@@ -43,10 +46,13 @@ def cmd_sim(args) -> int:
 def cmd_sweep(args) -> int:
     cfg = config_from_args(SimConfig, args, system="on-demand-lru", residency=1.0)
     systems, residencies = _names(args.systems), floats(args.residencies, "--residencies")
+    if cfg.memory is not None and args.residencies != _RESIDENCIES:
+        raise UserError("give --residencies or --memory, not both")
+    dtypes = [None if p.strip() in ("", "none") else p.strip() for p in args.expert_dtypes.split(",")]
     rows = []
-    for row in run_sweep(cfg, systems, residencies, progress=progress(args)):
+    for row in run_sweep(cfg, systems, residencies, dtypes, progress=progress(args)):
         rows.append(row)
-        print(f"{row['system']:>26} r={row['residency']:.2f} hit={row['hit_rate']:.4f} "
+        print(f"{row['system']:>26} {row['expert_dtype'] or '':>4} r={row['residency']:.2f} hit={row['hit_rate']:.4f} "
               f"full-load={row['full_load_fraction']:.3f} bound={row['bound_fraction']:.3f}", file=sys.stderr)
     print(format_table(rows))
     write_jsonl(rows, args.out)
@@ -110,11 +116,13 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
 
     sweep = sub.add_parser("sweep", help="replay systems x residencies into a JSONL file",
                            description="Run every (residency, system) pair on one workload; rows go to --out.")
-    add_config_flags(sweep, SimConfig, skip=("system", "residency"))
+    add_config_flags(sweep, SimConfig, skip=("system", "residency", "expert_dtype"))
     sweep.add_argument("--systems", default="baselines",
                        help="comma-separated system names, 'baselines' (default: those that need no forecaster) or 'all'")
-    residencies = ",".join(map(str, DEFAULT_RESIDENCIES))
-    sweep.add_argument("--residencies", default=residencies, help=f"comma-separated residencies (default: {residencies})")
+    sweep.add_argument("--residencies", default=_RESIDENCIES, help=f"comma-separated residencies (default: {_RESIDENCIES})")
+    sweep.add_argument("--expert-dtypes", default="none", metavar="PRECISIONS", help="comma-separated precisions of "
+                       "the expert store (none: the model profile's; int8, int4, fp8); with --memory they compare at "
+                       "equal memory (default: none)")
     sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
     sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")
     sweep.set_defaults(func=cmd_sweep)

@@ -1,6 +1,7 @@
 """Capacity, the start placement every system shares, and the checks of residency and capacity.
 
     C = capacity_for(residency, L, E, K)      # floor(r * L * E) slots; UserError unless C >= K
+    C = capacity_for_bytes(budget, expert_bytes, L, E, K, "--memory 2GiB")   # the experts a byte budget holds
     start = start_placement(train, C)         # the C experts used most often in the training split
 """
 
@@ -11,6 +12,7 @@ import numbers
 import numpy as np
 
 from seqmoe.errors import UserError
+from seqmoe.precision import format_bytes
 from seqmoe.trace.schema import RoutingTrace
 
 
@@ -37,6 +39,17 @@ def capacity_for(residency: float, num_layers: int, num_experts: int, top_k: int
     `seqmoe.config`); UserError when they cannot hold top-k experts."""
     capacity = int(np.floor(residency * num_layers * num_experts + 1e-9))
     check_capacity(capacity, top_k, residency, num_layers * num_experts)
+    return capacity
+
+
+def capacity_for_bytes(budget: int, expert_bytes: int, num_layers: int, num_experts: int, top_k: int,
+                       what: str) -> int:
+    """C = the experts of `expert_bytes` that `budget` bytes hold (at most L * E); UserError naming
+    `what` (the budget's source) when they cannot hold one layer's top-k experts."""
+    capacity = min(num_layers * num_experts, budget // expert_bytes)
+    if capacity < top_k:
+        raise UserError(f"{what} holds {capacity} experts of {format_bytes(expert_bytes)}, fewer than the {top_k} one "
+                        f"layer needs; give at least {format_bytes(top_k * expert_bytes)}")
     return capacity
 
 

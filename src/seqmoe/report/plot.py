@@ -24,7 +24,7 @@ METRICS = {
 
 
 def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> list[Path]:
-    """One PNG per metric, one line per system; returns the files written.
+    """One PNG per metric, one line per system (and expert precision); returns the files written.
 
     Args:
         rows: result rows with `system`, `residency` and the metrics.
@@ -40,11 +40,12 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
     for r in rows:
         if "system" not in r or "residency" not in r:
             raise UserError("a results row lacks `system` or `residency`; is this a `seqmoe sweep` file?")
-        series[r["system"]].append(r)
+        series[r["system"] + (f" ({r['expert_dtype']})" if r.get("expert_dtype") else "")].append(r)
     first = rows[0]
     where = f"{first.get('model_profile', {}).get('name', '?')} on {first.get('hardware_profile', {}).get('name', '?')}, {first.get('num_tokens', '?')} tokens"
     written = []
-    role = {n: SYSTEMS[n].role if n in SYSTEMS else "baseline" for n in series}  # unknown names: plain lines
+    role = {n: SYSTEMS[s[0]["system"]].role if s[0]["system"] in SYSTEMS else "baseline"  # unknown: plain lines
+            for n, s in series.items()}
     for key, label in METRICS.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
         colors = iter(plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2])

@@ -11,6 +11,7 @@ from seqmoe.errors import UserError
 _COLUMNS = [  # (header, key, format)
     ("system", "system", "{}"),
     ("miss", "miss", "{}"),
+    ("experts", "expert_dtype", "{}"),
     ("resid.", "residency", "{:.2f}"),
     ("hit", "hit_rate", "{:.4f}"),
     ("ready", "ready_rate", "{:.4f}"),

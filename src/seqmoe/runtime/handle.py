@@ -38,11 +38,12 @@ class OffloadRuntime:
 
     def __init__(self, model, layers, originals, layouts, kept, pool, worker, controller, hooks, *, system: str,
                  residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile,
-                 host=None) -> None:
+                 expert_dtype: str, host=None) -> None:
         self.model, self._layers, self._originals, self._layouts = model, layers, originals, layouts
         self._kept = kept  # per layer, the stripped Parameter objects `restore` refills
         self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
         self.system, self.residency, self.start = system, residency, start
+        self.expert_dtype = expert_dtype  # the store's precision, or the model's dtype
         self.capacity = pool.capacity
         self.model_profile, self.hardware = model_profile, hardware
         self.closed = self._restored = False
@@ -124,7 +125,7 @@ class OffloadRuntime:
             "data_hit_rate": pool_reads / (pool_reads + host_reads) if pool_reads + host_reads else 0.0,
             "peak_gathered_experts": pool.peak_gathered,
             "resident_experts": len(pool.resident()),
-            "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
+            "expert_dtype": self.expert_dtype, "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
             "host_expert_bytes": pool.host_bytes,
             "host_us_per_token": per_token(self.host_s),
             "gather_us_per_token": per_token(self.gather_s),

@@ -26,14 +26,19 @@ import numpy as np
 import torch
 
 from seqmoe.arch import ExpertLayout, ModelArch, model_arch
+from seqmoe.arch.quant import QuantLayout
 from seqmoe.cache import LRUPolicy
-from seqmoe.config import DEFAULT_HARDWARE, MEASURED, OffloadConfig
+from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCY, MEASURED, OffloadConfig
 from seqmoe.errors import UserError
 from seqmoe.host_cost import has_host_path, host_expert_time_s
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
+from seqmoe.manager.placement import capacity_for_bytes
 from seqmoe.manager.systems import system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
-from seqmoe.runtime.core.device import Undo, allocate_slots, check_device_memory, move_model, resolve_device
+from seqmoe.precision import format_bytes, parse_bytes
+from seqmoe.runtime.core.device import (
+    Undo, allocate_slots, check_device_memory, fit_capacity, move_model, resolve_device,
+)
 from seqmoe.rerouting import CacheAwareRouting
 from seqmoe.runtime.eager.host_exec import HostExecutor
 from seqmoe.runtime.posted.host_relay import HostRelay
@@ -117,7 +122,7 @@ def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayou
 
 
 _GIVEN = object()
-"""`offload`'s residency and system when not given (None is not a residency)."""
+"""`offload`'s residency and system when not given: the config's (or its defaults) stand."""
 
 
 def offload(model, residency: float = _GIVEN, system: str = _GIVEN, *, config: OffloadConfig | None = None,
@@ -164,7 +169,6 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
     arch = model_arch(model)
     layers = arch.moe
     L, E, K = len(layers), arch.num_experts, arch.top_k
-    C = capacity_for(cfg.residency, L, E, K)
     spec = system_spec(cfg.system)
     name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
     dims = _placeholder_trace(L, E, K, name)
@@ -176,15 +180,18 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
     if spec.needs_pregate and train.pregate_logits is None:
         raise UserError(f"system {cfg.system!r} fuses pre-gating: give a train trace collected with pre-gate scores "
                         "(seqmoe trace collect --pregate H), whose fusion weights it fits")
-    start = start_placement(train, C) if train is not None else []
     originals = _experts_modules(layers)
     layouts = [arch.layout(x) for x in originals]
     if len(set(layouts)) > 1:
         raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
+    if cfg.expert_dtype is not None:
+        layouts = [QuantLayout.of(x, cfg.expert_dtype) for x in layouts]
     device = resolve_device(cfg.device, next(p.device for p in originals[0].parameters()))
     control = cfg.control_on(device.type)
+    C = _capacity(cfg, model, originals, device, layouts[0].expert_bytes, L, E, K)
     if device.type == "cuda":
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
+    start = start_placement(train, C) if train is not None else []
     predictor = _forecaster(cfg.predictor, L, E, K) if spec.needs_predictor else None
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
@@ -219,11 +226,26 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
         if needs:
             raise UserError(f"{' and '.join(needs)} with control='thread' on CUDA run(s) in Triton kernels, and no "
                             "triton with tl.atomic_load is installed: pip install -U triton, or use control='inline'")
-    meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({cfg.system}, residency {cfg.residency})",
+    meta = TraceMeta(model=name, num_experts=E, source=f"seqmoe.runtime ({cfg.system}, {C} slots of {L * E} experts)",
                      extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
                             "system": cfg.system, "capacity": C})
     return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, pregate)
+
+
+def _capacity(cfg: OffloadConfig, model, originals, device: torch.device, expert_bytes: int, L: int, E: int,
+              K: int) -> int:
+    """C: from the residency, else from the expert memory budget, else (CUDA) what fits the free
+    memory, else from the default residency; UserError when C cannot hold one layer's K experts."""
+    if cfg.residency is not None:
+        return capacity_for(cfg.residency, L, E, K)
+    if cfg.expert_memory is None and device.type != "cuda":
+        return capacity_for(DEFAULT_RESIDENCY, L, E, K)
+    if cfg.expert_memory is not None:
+        budget = parse_bytes(cfg.expert_memory, "expert_memory")
+        return capacity_for_bytes(budget, expert_bytes, L, E, K, f"expert_memory {format_bytes(budget)}")
+    return capacity_for_bytes(fit_capacity(model, originals, device, expert_bytes, L * E) * expert_bytes, expert_bytes,
+                              L, E, K, f"the free memory of {device}")
 
 
 def _on_host_cpu(system) -> bool:
@@ -282,7 +304,7 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
             controller.mailbox = Mailbox(L, K, device, fence)
             if host is not None:
                 twins = [HostExecutor.twin(x) for x in originals]
-                controller.relay = HostRelay(controller.mailbox, model.config.hidden_size, layout.dtype, host, twins,
+                controller.relay = HostRelay(controller.mailbox, model.config.hidden_size, layout.compute_dtype, host, twins,
                                              layout, hosts, control_failed=lambda: controller.thread.stopped,
                                              device=device)
             controller.thread = ControlThread(controller, controller.mailbox, controller.lock,
@@ -296,8 +318,9 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         shield_on()  # Ctrl-C now waits for the end of a state-machine transition (`signals`)
         undo.push(shield_off)
         return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
-                              system=cfg.system, residency=cfg.residency, start=plan.start, model_profile=mp,
-                              hardware=hw, host=host)
+                              system=cfg.system, residency=cfg.residency or C / (L * E), start=plan.start, model_profile=mp,
+                              hardware=hw, host=host,
+                              expert_dtype=cfg.expert_dtype or str(layout.compute_dtype).removeprefix("torch."))
 
 
 def _experts_modules(layers) -> list[torch.nn.Module]:
@@ -314,17 +337,30 @@ def _experts_modules(layers) -> list[torch.nn.Module]:
     return originals
 
 
-def _pack(originals, layout: ExpertLayout, device: torch.device, undo: Undo):
+def _pack(originals, layout: ExpertLayout | QuantLayout, device: torch.device, undo: Undo):
     """(host blocks [E, P] per layer, stripped Parameters per layer): layer by layer, so at most one
-    layer's experts exist twice at a time; each layer is given its weights back if a later step fails."""
+    layer's experts exist twice at a time; each layer is given its weights back if a later step fails.
+    A quantized store cannot give the original weights back: their data is kept until offload ends."""
     hosts, kept = [], []
     for x in originals:
         E = x.num_experts
         home = next(x.parameters()).device
         host = torch.empty((E, layout.numel), dtype=layout.dtype, pin_memory=device.type == "cuda")
         layout.pack(x, host)
+        data = None if layout.in_place else {n: getattr(x, n).data for n in layout.names}
         params = layout.strip(x)
-        undo.push(lambda x=x, host=host, params=params, home=home: layout.unpack(x, host, home, params))
+        undo.push(lambda x=x, host=host, params=params, home=home, data=data: _unpack(x, layout, host, home, params,
+                                                                                      data))
         hosts.append(host)
         kept.append(params)
     return hosts, kept
+
+
+def _unpack(x, layout, host, home, params, data) -> None:
+    """Undo `_pack` of one layer: the weights from the host block, or the original `data` when kept."""
+    if data is None:
+        layout.unpack(x, host, home, params)
+        return
+    for name, param in params.items():
+        param.data = data[name]
+        x.register_parameter(name, param)

@@ -19,6 +19,8 @@ from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
 from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
+from seqmoe.manager.placement import capacity_for_bytes
+from seqmoe.precision import format_bytes, parse_bytes
 from seqmoe.manager.systems import system_spec
 from seqmoe.predict.checkpoints import seq_predictor_for
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
@@ -74,8 +76,14 @@ def host_info() -> dict:
 
 def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     """Replay `w.test` with `cfg.system` at `cfg.residency`; the result row as a dict."""
-    test = w.test
-    capacity = capacity_for(cfg.residency, test.num_layers, test.num_experts, test.top_k)
+    test, model = w.test, w.model.at_precision(cfg.expert_dtype)
+    L, E, K = test.num_layers, test.num_experts, test.top_k
+    if cfg.memory is None:
+        capacity, residency = capacity_for(cfg.residency, L, E, K), cfg.residency
+    else:
+        budget = parse_bytes(cfg.memory, "--memory")
+        capacity = capacity_for_bytes(budget, model.expert_bytes, L, E, K, f"--memory {format_bytes(budget)}")
+        residency = capacity / (L * E)
     start = start_placement(w.train, capacity)
     n_opt = None
     if cfg.routing == "exact":  # Belady's count is of the recorded routing: no bound for a replay that changes it
@@ -90,24 +98,28 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor)
     system = build_system(cfg.system, inputs, cfg.miss)
     t0 = time.perf_counter()
-    counts = simulate(test, system, model=w.model, hardware=w.hardware, capacity=capacity, start=start,
+    counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
                       progress=progress, max_kl=cfg.max_kl)
     wall = time.perf_counter() - t0
-    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": cfg.residency, "capacity": capacity,
-           "miss": system.miss}
-    row.update(summarize(counts, expert_bytes=w.model.expert_bytes, belady_misses=n_opt))
+    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
+           "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes}
+    row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))
     row.update({
         "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,
-        "model_profile": w.model.to_dict(), "hardware_profile": w.hardware.to_dict(),
+        "model_profile": model.to_dict(), "hardware_profile": w.hardware.to_dict(),
         "sim_wall_s": wall, "activations_per_s": row["activations"] / wall,
         "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "host": host_info(),
     })  # fmt: skip
     return row
 
 
-def run_sweep(cfg: SimConfig, systems, residencies, *, workload: Workload | None = None, progress: bool = False):
-    """Yield one result row per (residency, system), residencies outermost."""
-    runs = [dataclasses.replace(cfg, system=name, residency=r) for r in residencies for name in systems]  # checked here
+def run_sweep(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, workload: Workload | None = None,
+              progress: bool = False):
+    """Yield one result row per (residency, expert precision, system), residencies outermost (with
+    `cfg.memory` the residencies are left out: the budget sets the slots)."""
+    residencies = [cfg.residency] if cfg.memory is not None else residencies
+    runs = [dataclasses.replace(cfg, system=name, residency=r, expert_dtype=p)  # each checked as it is built
+            for r in residencies for p in expert_dtypes for name in systems]
     w = workload or load_workload(cfg)
     for run in runs:
         yield run_one(w, run, progress=progress)

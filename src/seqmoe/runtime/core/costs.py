@@ -61,9 +61,9 @@ def measure_host_expert_s(executor, twin, layout, host_rows: torch.Tensor, hidde
                           device: torch.device) -> float:
     """Seconds for one expert of `host_rows` computed by `executor` for one token whose hidden state
     is on `device`, from the hand-over to its output back on `device`."""
-    x = torch.zeros(1, hidden_size, dtype=layout.dtype, device=device)
+    x = torch.zeros(1, hidden_size, dtype=layout.compute_dtype, device=device)
     index = torch.zeros(1, top_k, dtype=torch.long, device=device)
-    weights = torch.full((1, top_k), 1.0 / top_k, dtype=layout.dtype, device=device)
+    weights = torch.full((1, top_k), 1.0 / top_k, dtype=layout.compute_dtype, device=device)
     return _median_s(lambda: executor.submit(twin, layout, host_rows, [0], x, index, weights).result().to(device),
                      _sync(device))
 

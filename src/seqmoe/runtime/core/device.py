@@ -54,19 +54,38 @@ def memory_shortfall(device, capacity: int, expert_bytes: int, dense_bytes: int,
             f"for the expert pool{dense}) but {available / _GIB:.2f} GiB is free; {hint}, or free device memory")
 
 
-def check_device_memory(model, experts: list[torch.nn.Module], device: torch.device, capacity: int,
-                        expert_bytes: int, num_uids: int) -> None:
-    """UserError, before anything is allocated, when the pool and the dense remainder do not fit in
-    `device`'s free memory (counting what the routed experts free there once packed to the host)."""
+FIT_MARGIN = 0.1
+"""Share of the free device memory `fit_capacity` leaves free (the KV cache, activations, the
+allocator's own blocks)."""
+
+
+def _room(model, experts: list[torch.nn.Module], device: torch.device) -> tuple[int, int]:
+    """(bytes the device has for the pool and the dense remainder, bytes of the dense remainder that
+    must move there): free memory, counting what the routed experts free there once packed."""
     free, _ = torch.cuda.mem_get_info(device)
     available = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     routed = {id(p) for x in experts for p in x.parameters(recurse=False)}
     tensors = [p for p in model.parameters() if id(p) not in routed] + list(model.buffers())
     available += _nbytes(p for x in experts for p in x.parameters(recurse=False) if p.device == device)
-    dense = _nbytes(t for t in tensors if t.device != device)
+    return available, _nbytes(t for t in tensors if t.device != device)
+
+
+def check_device_memory(model, experts: list[torch.nn.Module], device: torch.device, capacity: int,
+                        expert_bytes: int, num_uids: int) -> None:
+    """UserError, before anything is allocated, when the pool and the dense remainder do not fit in
+    `device`'s free memory."""
+    available, dense = _room(model, experts, device)
     why = memory_shortfall(device, capacity, expert_bytes, dense, available, num_uids)
     if why is not None:
         raise UserError(why)
+
+
+def fit_capacity(model, experts: list[torch.nn.Module], device: torch.device, expert_bytes: int,
+                 num_uids: int) -> int:
+    """The slots of `expert_bytes` that fit `device`'s free memory after the dense remainder, leaving
+    `FIT_MARGIN` of it free (at most `num_uids`)."""
+    available, dense = _room(model, experts, device)
+    return max(0, min(num_uids, int((available * (1 - FIT_MARGIN) - dense) // expert_bytes)))
 
 
 def move_model(model: torch.nn.Module, device: torch.device, undo: Undo) -> None:

@@ -65,7 +65,7 @@ class OffloadedExperts(torch.nn.Module):
         self._index_name = list(self._sig.parameters)[1]
         self.posted_forward = type(original).forward
         if experts_implementation(original) == "grouped_mm" and pool.device.type == "cuda" and \
-                layout.dtype != torch.bfloat16:
+                layout.compute_dtype != torch.bfloat16:
             # torch's grouped_mm serves only bf16 on the GPU itself; other dtypes take a fallback that
             # copies the group offsets to the host, which a CUDA graph cannot hold. The K gathered
             # rows are one expert per (token, k): batched_mm is the same products without it.

@@ -66,8 +66,9 @@ class ExpertFront:
         self.layer, self.layout, self.pool, self._c = layer, layout, pool, counts
         self.num_experts = int(original.num_experts)
         self.slot_ok = experts_implementation(original) in SLOT_INDEXED
-        self.by_slot = self.slot_ok and (pool.device.type != "cpu" or layout.expert_bytes >= CPU_IN_PLACE_BYTES)
-        self._slot_params = layout.views(pool.pool) if self.slot_ok else None
+        self.by_slot = self.slot_ok and layout.in_place and (pool.device.type != "cpu"
+                                                             or layout.expert_bytes >= CPU_IN_PLACE_BYTES)
+        self._slot_params = layout.views(pool.pool) if self.slot_ok and layout.in_place else None
         self._table = pool.table[layer]
         self._table_np = pool.table_host[layer] if pool.device.type == "cpu" else None  # same memory
         self._windows: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
