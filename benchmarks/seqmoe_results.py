@@ -28,7 +28,7 @@ from seqmoe.report.table import write_jsonl
 from seqmoe.config import SimConfig
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCIES
 from seqmoe.errors import UserError
-from seqmoe.manager.systems import check_systems, oracles, systems_with
+from seqmoe.manager.systems import oracles, system_spec, systems_with
 from seqmoe.sim.run import load_workload, run_sweep
 
 TABLES = {"hit_rate": "Hit rate (ready + late)", "full_load_fraction": "Full-load fraction (full-load time / time)",
@@ -54,7 +54,7 @@ def main() -> int:
     train, test = split
     systems = args.systems.split(",")
     try:
-        check_systems(systems)
+        [system_spec(s) for s in systems]
     except UserError as e:
         p.error(str(e))
     residencies = [float(r) for r in args.residencies.split(",")]

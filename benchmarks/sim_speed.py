@@ -30,7 +30,7 @@ import sys  # noqa: E402
 
 from seqmoe.config import SimConfig  # noqa: E402
 from seqmoe.errors import UserError  # noqa: E402
-from seqmoe.manager.systems import SYSTEMS, check_systems  # noqa: E402
+from seqmoe.manager.systems import SYSTEMS, system_spec  # noqa: E402
 from seqmoe.sim.run import load_workload, run_one  # noqa: E402
 from puffin_split import add_shared_flag, puffin_split  # noqa: E402
 
@@ -66,7 +66,7 @@ def main() -> int:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     systems = args.systems.split(",")
     try:
-        check_systems(systems)
+        [system_spec(s) for s in systems]
     except UserError as e:
         p.error(str(e))
     rows = []
