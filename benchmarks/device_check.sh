@@ -14,6 +14,8 @@
 # The miss paths of issue 15 (MISSPATHS=1 CHECKS=0 CPU_SUITE=0, the same carry, about 8 minutes): the host
 # path's exactness on CUDA (inline, and in posted steps, eager and captured), and the real-size DeepSeek harness
 # with its captured decode step (control thread) with every miss copied, chosen per miss, and cpu-all.
+# Quantized experts of issue 25 (QUANT=1 CHECKS=0 CPU_SUITE=0, about 2 minutes, no carry): their tests on
+# CUDA (captured steps against the quantized full model) and generate with a byte budget per precision.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device}
@@ -58,6 +60,14 @@ PRED=results/carry/predictor
     timeout 120 python3 benchmarks/realsize.py --arch deepseek-v2-lite --device cuda --trace $C/ds-test.safetensors \
         --train $C/ds-train.safetensors --systems cpu-all --residencies 0.25 --tokens 200 --control thread \
         --out "$OUT/realsize_ds_cpu_all.jsonl" 2>&1 | grep -v Warning
+  fi
+  if [ "${QUANT:-0}" = 1 ]; then
+    echo "== issue 25: quantized experts on CUDA: captured steps equal the quantized full model; a byte budget"
+    timeout 120 python3 -m pytest -q tests/runtime/test_quantized.py -p no:cacheprovider -rs -W ignore::FutureWarning
+    for P in int8 int4; do
+      timeout 40 python3 -m seqmoe generate --model seqmoe-tiny --device cuda --expert-dtype $P --expert-memory 2MiB \
+          --prompt "def parse_args(argv):" --max-new-tokens 64 --graph --json 2>&1 | tail -4
+    done
   fi
   if [ "${CPU_SUITE:-1}" = 1 ]; then
     echo "== CPU suite of the runtime on this machine's transformers"

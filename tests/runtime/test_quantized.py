@@ -109,3 +109,34 @@ def test_the_row_holds_codes_and_float32_scales_per_group():
     want = sum(math.ceil(math.prod(s) / 64) * (32 + 4) for s in base.shapes)
     assert layout.shape[1] == want and layout.dtype == torch.uint8
     rt.restore()
+
+
+def test_decode_graph_reads_quantized_rows_like_the_quantized_full_model():
+    """The posted step with a quantized store, through DecodeGraph (eager on the CPU, captured on CUDA)."""
+    from seqmoe.runtime import DecodeGraph
+    from tests.runtime.conftest import PROMPT
+
+    want, _ = _quantized_reference("qwen3_moe", "int4")
+    model = fresh("qwen3_moe")
+    rt = offload(model, 0.3, "on-demand-lru", expert_dtype="int4", control="thread")
+    assert torch.equal(DecodeGraph(rt, 32).generate(torch.tensor([PROMPT]), 8), want)
+    rt.restore()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["int8", "int4", "fp8"])
+def test_a_captured_cuda_step_reads_quantized_rows(precision):
+    """On CUDA: the gather kernel moves the store's bytes, the step dequantizes them inside the graph;
+    greedy tokens equal the quantized full model's on the same device."""
+    from seqmoe.runtime import DecodeGraph
+    from tests.runtime.conftest import PROMPT
+
+    full = quantize_experts(fresh("qwen3_moe"), precision).cuda()
+    want = DecodeGraph(full, 32).generate(torch.tensor([PROMPT]).cuda(), 8)
+    model = fresh("qwen3_moe")
+    rt = offload(model, 0.3, "on-demand-lru", expert_dtype=precision, device="cuda", control="thread")
+    dg = DecodeGraph(rt, 32)
+    got = dg.generate(torch.tensor([PROMPT]).cuda(), 8)
+    assert dg.graph is not None and torch.equal(got, want)
+    rt.restore()

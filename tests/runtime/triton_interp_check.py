@@ -38,6 +38,31 @@ def check_resolve_and_gather(k: dict) -> None:
     assert torch.equal(want_slots, slots) and want_reads.tolist() == [4, 1]
 
 
+def check_quantized_gather(k: dict) -> None:
+    """Rows of a quantized store (uint8: int4 codes and float32 scales) cross the gather byte for byte,
+    so the dequantized weights of the step are those the torch path gives."""
+    from seqmoe.arch.quant import QuantLayout
+    from tests.runtime.conftest import fresh
+    from seqmoe.arch import model_arch
+
+    arch = model_arch(fresh("olmoe"))
+    experts = arch.moe[0].experts
+    layout = QuantLayout.of(arch.layout(experts), "int4")
+    host = torch.empty((experts.num_experts, layout.numel), dtype=torch.uint8)
+    layout.pack(experts, host)
+    pool = host[[2, 5]].clone()
+    table = torch.full((experts.num_experts,), -1, dtype=torch.int32)
+    table[5], table[2] = 1, 0
+    ids, reads = torch.tensor([5, 1, 2]), torch.zeros(2, dtype=torch.int64)
+    got, want = torch.empty(3, layout.numel, dtype=torch.uint8), torch.empty(3, layout.numel, dtype=torch.uint8)
+    slots = torch.empty(3, dtype=torch.int32)
+    k["resolve"][(1,)](table, ids, ids, slots, reads, 3, HAS_SKIP=False, BK=4)
+    k["gather"][(3, -(-layout.numel // 1024))](pool, host, slots, ids, got, layout.numel, BLOCK=1024)
+    mapped.gather_rows(pool, host, table, ids, want, torch.zeros(2, dtype=torch.int64))
+    assert torch.equal(got, want) and torch.equal(got, host[ids])
+    assert all(torch.equal(a, b) for a, b in zip(layout.views(got).values(), layout.views(host[ids]).values()))
+
+
 def _posted(k: dict | None) -> tuple:
     fence = ReadFence(torch.device("cpu"))
     box = Mailbox(2, 3, torch.device("cpu"), fence, ring=4)
@@ -71,6 +96,7 @@ def check_warm(k: dict) -> None:
 def main() -> None:
     k = mapped_kernels.build()
     check_resolve_and_gather(k)
+    check_quantized_gather(k)
     check_warm(k)
     got, want = _posted(k), _posted(None)
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want)), (got, want)
