@@ -140,3 +140,20 @@ def test_a_captured_cuda_step_reads_quantized_rows(precision):
     got = dg.generate(torch.tensor([PROMPT]).cuda(), 8)
     assert dg.graph is not None and torch.equal(got, want)
     rt.restore()
+
+
+def test_the_pool_room_is_the_free_memory_the_dense_part_and_a_margin_leave(monkeypatch):
+    """What `offload` on CUDA with neither residency nor budget fits (`pool_room`), with CUDA's memory
+    queries stood in for: 8 GiB free, nothing reserved, the dense part still on the CPU."""
+    from seqmoe.runtime.core import device as device_module
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (8 << 30, 16 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    model = fresh("olmoe")
+    experts = [m.experts for m in model_arch(model).moe]
+    routed = {id(p) for x in experts for p in x.parameters()}
+    dense = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in routed)
+    dense += sum(b.numel() * b.element_size() for b in model.buffers())
+    room = device_module.pool_room(model, experts, torch.device("cuda", 0))
+    assert room == int((8 << 30) * (1 - device_module.FIT_MARGIN) - dense)

@@ -37,7 +37,7 @@ from seqmoe.manager.systems import system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.precision import format_bytes, parse_bytes
 from seqmoe.runtime.core.device import (
-    Undo, allocate_slots, check_device_memory, fit_capacity, move_model, resolve_device,
+    Undo, allocate_slots, check_device_memory, move_model, pool_room, resolve_device,
 )
 from seqmoe.rerouting import CacheAwareRouting
 from seqmoe.runtime.eager.host_exec import HostExecutor
@@ -244,8 +244,8 @@ def _capacity(cfg: OffloadConfig, model, originals, device: torch.device, expert
     if cfg.expert_memory is not None:
         budget = parse_bytes(cfg.expert_memory, "expert_memory")
         return capacity_for_bytes(budget, expert_bytes, L, E, K, f"expert_memory {format_bytes(budget)}")
-    return capacity_for_bytes(fit_capacity(model, originals, device, expert_bytes, L * E) * expert_bytes, expert_bytes,
-                              L, E, K, f"the free memory of {device}")
+    return capacity_for_bytes(pool_room(model, originals, device), expert_bytes, L, E, K,
+                              f"the free memory of {device}")
 
 
 def _on_host_cpu(system) -> bool:

@@ -55,7 +55,7 @@ def memory_shortfall(device, capacity: int, expert_bytes: int, dense_bytes: int,
 
 
 FIT_MARGIN = 0.1
-"""Share of the free device memory `fit_capacity` leaves free (the KV cache, activations, the
+"""Share of the free device memory `pool_room` leaves free (the KV cache, activations, the
 allocator's own blocks)."""
 
 
@@ -80,12 +80,11 @@ def check_device_memory(model, experts: list[torch.nn.Module], device: torch.dev
         raise UserError(why)
 
 
-def fit_capacity(model, experts: list[torch.nn.Module], device: torch.device, expert_bytes: int,
-                 num_uids: int) -> int:
-    """The slots of `expert_bytes` that fit `device`'s free memory after the dense remainder, leaving
-    `FIT_MARGIN` of it free (at most `num_uids`)."""
+def pool_room(model, experts: list[torch.nn.Module], device: torch.device) -> int:
+    """Bytes of `device`'s free memory an expert pool may take: what the dense remainder leaves,
+    less `FIT_MARGIN` of the free memory."""
     available, dense = _room(model, experts, device)
-    return max(0, min(num_uids, int((available * (1 - FIT_MARGIN) - dense) // expert_bytes)))
+    return max(0, int(available * (1 - FIT_MARGIN) - dense))
 
 
 def move_model(model: torch.nn.Module, device: torch.device, undo: Undo) -> None:
