@@ -12,6 +12,7 @@ import pytest
 
 from seqmoe.errors import UserError
 from seqmoe.host_cost import host_expert_time_s
+from seqmoe.presets import swiglu_bytes
 from seqmoe.profiles import (
     HARDWARE_PROFILES,
     MODEL_PROFILES,
@@ -22,7 +23,6 @@ from seqmoe.profiles import (
     get_hardware_profile,
     get_model_profile,
     layer_times_s,
-    swiglu_bytes,
     token_overhead_s,
 )
 
