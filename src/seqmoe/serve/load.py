@@ -74,8 +74,8 @@ def load_engine(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, qu
     gc = net.generation_config
     sampled = bool(getattr(gc, "do_sample", False))
     s = runtime.stats()
-    summary = (f"system {cfg.system}, residency {cfg.residency}: {s['capacity']} of {s['num_layers'] * s['num_experts']} "
-               f"experts in slots on {s['device']}, control {s['control']}{', graph' if graph else ''}; "
+    summary = (f"system {cfg.system}, residency {s['residency']:.4g}: {s['capacity']} of {s['num_layers'] * s['num_experts']} "
+               f"{s['expert_dtype']} experts in slots on {s['device']}, control {s['control']}{', graph' if graph else ''}; "
                f"context {limit}, queue limit {queue_limit}")
     return Served(engine=engine, runtime=runtime, tokenizer=tok, name=name or Path(str(load.model)).name,
                   context_length=limit, temperature=float(gc.temperature or 1.0) if sampled else 0.0,
