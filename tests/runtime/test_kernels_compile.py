@@ -11,7 +11,6 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from seqmoe.runtime.core import mapped  # noqa: E402
 from seqmoe.runtime.kernels import mapped as mapped_kernels  # noqa: E402
 from seqmoe.runtime.kernels import relay as relay_kernels  # noqa: E402
 from seqmoe.runtime.kernels import rerouting as rerouting_kernels  # noqa: E402

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from seqmoe.arch.layout import ExpertLayout
-from seqmoe.precision import CODE_BITS, GROUP, QMAX, SCALE_BYTES, check_precision, quantized_bytes
+from seqmoe.precision import GROUP, QMAX, SCALE_BYTES, check_precision, quantized_bytes
 
 
 def _align(n: int) -> int:
