@@ -259,8 +259,8 @@ def _measured(hw: HardwareProfile, model, plan: _Plan, hosts, host: HostExecutor
     layout, own = plan.layouts[0], host
     host = host or HostExecutor()
     try:
-        twin = HostExecutor.twin(plan.originals[0])
-        host_s = measure_host_expert_s(host, twin, layout, hosts[0], model.config.hidden_size, plan.arch.top_k,
+        clone = HostExecutor.clone(plan.originals[0])
+        host_s = measure_host_expert_s(host, clone, layout, hosts[0], model.config.hidden_size, plan.arch.top_k,
                                        plan.device)
     finally:
         if own is None:
@@ -303,8 +303,8 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
             controller.fence = fence
             controller.mailbox = Mailbox(L, K, device, fence)
             if host is not None:
-                twins = [HostExecutor.twin(x) for x in originals]
-                controller.relay = HostRelay(controller.mailbox, model.config.hidden_size, layout.compute_dtype, host, twins,
+                clones = [HostExecutor.clone(x) for x in originals]
+                controller.relay = HostRelay(controller.mailbox, model.config.hidden_size, layout.compute_dtype, host, clones,
                                              layout, hosts, control_failed=lambda: controller.thread.stopped,
                                              device=device)
             controller.thread = ControlThread(controller, controller.mailbox, controller.lock,

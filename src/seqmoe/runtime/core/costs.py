@@ -57,14 +57,14 @@ def measure_link(row: torch.Tensor, device: torch.device) -> tuple[float, float]
     return 1.0 / slope, max(0.0, float(overhead))
 
 
-def measure_host_expert_s(executor, twin, layout, host_rows: torch.Tensor, hidden_size: int, top_k: int,
+def measure_host_expert_s(executor, clone, layout, host_rows: torch.Tensor, hidden_size: int, top_k: int,
                           device: torch.device) -> float:
     """Seconds for one expert of `host_rows` computed by `executor` for one token whose hidden state
     is on `device`, from the hand-over to its output back on `device`."""
     x = torch.zeros(1, hidden_size, dtype=layout.compute_dtype, device=device)
     index = torch.zeros(1, top_k, dtype=torch.long, device=device)
     weights = torch.full((1, top_k), 1.0 / top_k, dtype=layout.compute_dtype, device=device)
-    return _median_s(lambda: executor.submit(twin, layout, host_rows, [0], x, index, weights).result().to(device),
+    return _median_s(lambda: executor.submit(clone, layout, host_rows, [0], x, index, weights).result().to(device),
                      _sync(device))
 
 
@@ -90,7 +90,7 @@ def model_host_expert_s(model) -> float:
     layout.pack(experts, rows)
     executor = HostExecutor()
     try:
-        return measure_host_expert_s(executor, HostExecutor.twin(experts), layout, rows, model.config.hidden_size,
+        return measure_host_expert_s(executor, HostExecutor.clone(experts), layout, rows, model.config.hidden_size,
                                      arch.top_k, next(experts.parameters()).device)
     finally:
         executor.close()

@@ -56,7 +56,7 @@ class OffloadedExperts(torch.nn.Module):
         self.num_experts = int(original.num_experts)
         self.control = control
         self.host = host
-        self.twin = host.twin(original) if host is not None else None  # the host executor's copy of `original`
+        self.host_clone = host.clone(original) if host is not None else None  # the host executor's copy of `original`
         self.done = control.experts_done
         object.__setattr__(self, "counts", Counts())  # plain object: hot-path updates skip Module.__setattr__
         object.__setattr__(self, "front", ExpertFront(original, layer, layout, pool, self.counts))

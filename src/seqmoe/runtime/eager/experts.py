@@ -43,7 +43,7 @@ def _split(x, hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.T
     flat = index.view(-1).tolist()
     host_ids = sorted({e for e in flat if e in on_host})
     here = sorted({e for e in flat if e not in on_host})
-    future = x.host.submit(x.twin, x.layout, x.pool.hosts[x.layer], host_ids, hidden_states, index, weights)
+    future = x.host.submit(x.host_clone, x.layout, x.pool.hosts[x.layer], host_ids, hidden_states, index, weights)
     out = None
     if here:
         rows = x.front.rows(here)

@@ -38,32 +38,32 @@ class HostExecutor:
         self.experts = 0  # experts computed here so far
 
     @staticmethod
-    def twin(original: torch.nn.Module) -> torch.nn.Module:
+    def clone(original: torch.nn.Module) -> torch.nn.Module:
         """A shallow copy of an experts module with its own attribute dict, for `submit` (the device
         part runs `original` meanwhile); one per layer, reused: a layer waits for its host part."""
         return copy.copy(original)
 
-    def submit(self, twin: torch.nn.Module, layout, host_rows: torch.Tensor, ids: list[int],
+    def submit(self, clone: torch.nn.Module, layout, host_rows: torch.Tensor, ids: list[int],
                hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> Future:
         """Compute experts `ids` (of `host_rows`, the layer's [E, P] host block) for the routed `index`
-        with `weights` on `twin` (`HostExecutor.twin`); a future of their summed output (on the host,
+        with `weights` on `clone` (`HostExecutor.clone`); a future of their summed output (on the host,
         in `hidden_states`' dtype)."""
         x, idx, w = hidden_states.cpu(), index.cpu(), weights.cpu()
-        return self._pool.submit(self.compute, twin, layout, host_rows, ids, x, idx, w)
+        return self._pool.submit(self.compute, clone, layout, host_rows, ids, x, idx, w)
 
     def call(self, fn, *args) -> Future:
         """Run `fn(*args)` on the worker thread, after the work handed over before it."""
         return self._pool.submit(fn, *args)
 
-    def compute(self, twin, layout, host_rows, ids, x, idx, w) -> torch.Tensor:
+    def compute(self, clone, layout, host_rows, ids, x, idx, w) -> torch.Tensor:
         """`submit`'s work, on the calling thread (the worker's): host tensors in, their sum out."""
         t0 = time.perf_counter()
-        state, forward, out = twin.__dict__, type(twin).forward, None
+        state, forward, out = clone.__dict__, type(clone).forward, None
         state["num_experts"] = 1
         with torch.no_grad():
             for e in ids:
                 state.update(layout.views(host_rows[e:e + 1]))  # a view of the host row: no copy
-                one = forward(twin, x, torch.zeros_like(idx), torch.where(idx == e, w, 0))
+                one = forward(clone, x, torch.zeros_like(idx), torch.where(idx == e, w, 0))
                 out = one if out is None else out + one
         if self.emulated_s:
             time.sleep(max(0.0, len(ids) * self.emulated_s - (time.perf_counter() - t0)))

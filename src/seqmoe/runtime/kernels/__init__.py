@@ -1,5 +1,5 @@
 """The posted engine's Triton kernels: the slot-or-host gather and the mailbox post (`mapped`),
 the host relay's waits (`relay`, `relay_triton`) and cache-aware rerouting on the device
-(`rerouting`). Each has a torch or host twin it is tested against, on the CPU under
+(`rerouting`). Each has a torch or host reference it is tested against, on the CPU under
 `TRITON_INTERPRET=1`.
 """

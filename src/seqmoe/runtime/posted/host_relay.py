@@ -55,15 +55,15 @@ class HostRelay:
         mailbox: the routing mailbox (its ring size, L, K, and the device's count of layers posted).
         hidden_size, dtype: of the hidden states and outputs.
         executor: the `HostExecutor` whose thread computes host experts.
-        twins: one `HostExecutor.twin` of each layer's experts module.
+        clones: one `HostExecutor.clone` of each layer's experts module.
         layout, hosts: the packed expert layout and each layer's [E, P] host block.
         control_failed: true once the control thread has stopped or failed (the step's waits give up).
         device: where the step runs (on CUDA the rings are pinned and the step's side is `kernels.relay`).
     """
 
-    def __init__(self, mailbox, hidden_size: int, dtype: torch.dtype, executor, twins, layout, hosts,
+    def __init__(self, mailbox, hidden_size: int, dtype: torch.dtype, executor, clones, layout, hosts,
                  control_failed, device: torch.device = torch.device("cpu")) -> None:
-        self.box, self.executor, self.twins, self.layout, self.hosts = mailbox, executor, twins, layout, hosts
+        self.box, self.executor, self.clones, self.layout, self.hosts = mailbox, executor, clones, layout, hosts
         self.L, self.K, self.R, self.device = mailbox.L, mailbox.K, mailbox.R, device
         n, pin = self.R * self.L, device.type == "cuda"
         ring = lambda shape, dt, fill=0: torch.full(shape, fill, dtype=dt, pin_memory=pin)  # noqa: E731
@@ -182,7 +182,7 @@ class HostRelay:
                 return
             x, index = self.x[at:at + 1].clone(), self.index[at:at + 1].clone()
             w = self.weights[at:at + 1].to(self._weights_dtype)
-            out = self.executor.compute(self.twins[layer], self.layout, self.hosts[layer], host_ids, x, index, w)
+            out = self.executor.compute(self.clones[layer], self.layout, self.hosts[layer], host_ids, x, index, w)
             self.out[at].copy_(out.reshape(-1))
             self.experts += len(host_ids)
             _store_fence()
