@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from seqmoe.errors import UserError
-from seqmoe.manager.miss_paths import check_miss
+from seqmoe.manager.miss_paths import DEFAULT_TWIN_BUDGET, check_miss, check_twin
 from seqmoe.manager.placement import check_residency
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.model_dirs import DTYPES, resolve_model_dir
@@ -45,6 +45,8 @@ MEASURED = "measured"
 """The hardware profile measured on this machine at start (`seqmoe.runtime.core.costs`)."""
 CLI = "cli"
 """Field metadata: False for fields with no command-line flag (objects, library-only switches)."""
+SHOWN_DEFAULT = "shown_default"
+"""Field metadata: the default a flag's help names when the field's own is None (resolved later)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +87,12 @@ class SimConfig:
     collect --router-logits`)."""
     max_kl: float | None = None
     """Cache-aware routing's budget, nats of KL divergence per token."""
+    twin: str | None = field(default=None, metadata={"metavar": "PRECISION"})
+    """Low-bit twin miss path (off by default): a miss of small gate weight reads the expert's twin at
+    this precision (int8, int4 or fp8, smaller than the store) over the link instead, within
+    --twin-budget (the trace needs gate weights; the bound is left out)."""
+    twin_budget: float | None = field(default=None, metadata={SHOWN_DEFAULT: DEFAULT_TWIN_BUDGET})
+    """Gate weight per token the twins may serve, summed over its MoE layers."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 
@@ -96,6 +104,7 @@ class SimConfig:
         system_spec(self.system)
         check_miss(self.miss)
         check_routing(self.routing, self.max_kl)
+        check_twin(self.twin, self.twin_budget)
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_tokens is not None and self.max_tokens < 1:

@@ -70,7 +70,7 @@ class ModelProfile:
         if precision is None:
             return self
         params = self.expert_params or self.expert_bytes // 2
-        return dataclasses.replace(self, name=f"{self.name} ({precision} experts)",
+        return dataclasses.replace(self, name=f"{self.name} ({precision} experts)", expert_params=params,
                                    expert_bytes=quantized_bytes(params, precision))
 
 

@@ -15,7 +15,7 @@ import functools
 import inspect
 import sys
 
-from seqmoe.config import CLI
+from seqmoe.config import CLI, SHOWN_DEFAULT
 from seqmoe.errors import UserError
 
 
@@ -59,7 +59,8 @@ def add_config_flags(parser, cls, skip: tuple[str, ...] = (), defaults: dict | N
             continue
         required = f.default is dataclasses.MISSING
         default = None if required else (defaults or {}).get(f.name, f.default)
-        suffix = "" if required or default is None else f" (default: {default})"
+        shown = f.metadata.get(SHOWN_DEFAULT, default)
+        suffix = "" if required or shown is None else f" (default: {shown})"
         help = (docs.get(f.name, "") + suffix).replace("%", "%%")  # argparse formats help with %
         parser.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(str(f.type)), default=default,
                             required=required, metavar=f.metadata.get("metavar"), help=help)

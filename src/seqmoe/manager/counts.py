@@ -19,6 +19,12 @@ class SimCounts:
     """Activations neither resident nor on their way at the reveal (served by a path of `seqmoe.manager.miss_paths`)."""
     in_place: int = 0
     """Misses read in place from the host row (no slot)."""
+    twin: int = 0
+    """Misses served by reading their low-bit twin (`seqmoe.manager.miss_paths.Twin`; no slot)."""
+    twin_weight: float = 0.0
+    """Gate weight of the activations the twins served (their quality budget spent)."""
+    twin_bytes: int = 0
+    """Bytes per twin read (0: no twins)."""
     host: int = 0
     """Misses (or, for `cpu-all`, activations) computed on the host CPU."""
     prefetches: int = 0
@@ -75,10 +81,13 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         "misses": c.misses,
         "misses_in_place": c.in_place,
         "misses_cpu": c.host,
+        "misses_twin": c.twin,
         "prefetches": c.prefetches,
         "copies": c.copies,
         "bytes_copied": c.copies * expert_bytes,
         "bytes_read_in_place": c.in_place * expert_bytes,
+        "bytes_read_twin": c.twin * c.twin_bytes,
+        "twin_weight_per_token": c.twin_weight / c.num_tokens if c.num_tokens else 0.0,
         "wasted_copies": c.wasted_copies,
         "cancelled_prefetches": c.cancelled,
         "stall_s": c.stall_s,

@@ -44,10 +44,11 @@ class Driver:
         self.clock += self.manager.token_s
         self.manager.token_start(self.tokens * self.L, self.clock, token_id)
 
-    def reveal(self, layer: int, ids: np.ndarray, uids=None) -> None:
-        """Layer `layer` of the current token routed to `ids` ([K] expert ids); `uids`: the same as
-        global ids (`layer * E + id`) when the caller has them at hand, in the form the manager takes
-        (`takes_arrays`: an int64 array, else a list). The clock moves to when the layer's experts can start."""
+    def reveal(self, layer: int, ids: np.ndarray, uids=None, weights: np.ndarray | None = None) -> None:
+        """Layer `layer` of the current token routed to `ids` ([K] expert ids) with gate `weights`
+        (read by the twin miss path only); `uids`: the same as global ids (`layer * E + id`) when the
+        caller has them at hand, in the form the manager takes (`takes_arrays`: an int64 array, else a
+        list). The clock moves to when the layer's experts can start."""
         if uids is None:
             if int(ids.max()) >= self.E or int(ids.min()) < 0:
                 raise UserError(f"an expert index outside 0..{self.E - 1} was routed: expert parallelism is "
@@ -57,7 +58,7 @@ class Driver:
                 uids = uids.tolist()
         m = self.manager
         reveal = self.clock + m.non_expert_s
-        self.clock = m.layer(self.tokens * self.L + layer, uids, ids if m.wants_ids else None, reveal)
+        self.clock = m.layer(self.tokens * self.L + layer, uids, ids if m.wants_ids else None, reveal, weights)
 
     def pool_at_reveal(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """([E] missing, [E] readable) experts of `layer` when its router reveals next: neither
@@ -90,6 +91,7 @@ class Driver:
         c.time_s, c.copies, c.num_tokens, c.copy_time_s = self.clock, m.copies, self.tokens, m.copy_time_s
         c.full_load_time_s = self.tokens * (m.token_s + self.L * m.layer_s)
         c.per_expert_s, c.host_expert_s = m.per_expert_s, m.host_expert_s
+        c.twin_bytes = m.twin_bytes
         return c
 
     def finish(self) -> SimCounts:

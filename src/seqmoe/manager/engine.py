@@ -6,7 +6,9 @@ moves time forward with `advance(t)` before issuing anything at time t, so every
 issued while the channel was busy.
 
 An in-place read (a miss served from the host row, no slot taken) holds the channel like a copy:
-it is queued as a demand under the key `in_place_key(uid)` (negative) and counted in `reads`.
+it is queued as a demand under the key `in_place_key(uid)` (negative) and counted in `reads`. A
+twin read (`seqmoe.manager.miss_paths.Twin`) is the same under `twin_key(uid, n)`, below the
+in-place keys, and holds the channel for `twin_time_s`.
 """
 
 from __future__ import annotations
@@ -22,13 +24,18 @@ class CopyEngine:
 
     Args:
         copy_time_s: seconds per expert copy (`alpha + bytes / bandwidth`).
+        num_uids: L * E (twin reads are the keys below -num_uids).
+        twin_time_s: seconds per twin read (None: no twins).
     """
 
-    def __init__(self, copy_time_s: float) -> None:
+    def __init__(self, copy_time_s: float, num_uids: int = 0, twin_time_s: float | None = None) -> None:
         self.copy_time_s = copy_time_s
+        self.twin_time_s = twin_time_s
+        self._twin_below = -num_uids if twin_time_s is not None else -(1 << 62)
         self.free_at = 0.0  # when the running copy ends (<= now when idle)
         self.started = 0  # copies started so far
-        self.reads = 0  # in-place reads started so far
+        self.reads = 0  # in-place and twin reads started so far
+        self.twin_reads = 0  # of which twin reads
         self._demand: deque[tuple[int, int]] = deque()  # (seq, uid)
         self._prefetch: list[tuple[int, int, int]] = []  # (deadline step, seq, uid)
         self._queued: dict[int, int] = {}  # uid -> seq of its live queue entry; other entries are stale
@@ -42,15 +49,20 @@ class CopyEngine:
             if self._queued.get(uid) != seq:  # promoted or cancelled entry
                 continue
             del self._queued[uid]
-            self.free_at = at + self.copy_time_s
+            self.free_at = at + self.duration(uid)
             self.done_at[uid] = self.free_at
             self._running.append((self.free_at, uid))
             if uid < 0:
                 self.reads += 1
+                self.twin_reads += uid < self._twin_below
             else:
                 self.started += 1
             return True
         return False
+
+    def duration(self, key: int) -> float:
+        """Seconds the transfer under `key` holds the channel (a twin read's, else a copy's)."""
+        return self.twin_time_s if key < self._twin_below else self.copy_time_s
 
     def advance(self, t: float) -> list[int]:
         """Run the channel up to time t; returns the uids whose copies finished by t."""
@@ -113,23 +125,25 @@ class CopyEngine:
         t, out = self.free_at, {}
         for seq, uid in self._demand:
             if self._queued.get(uid) == seq:
-                t += self.copy_time_s
+                t += self.duration(uid)
                 out[uid] = t
         return out
 
     def next_demand_end(self, now: float) -> float:
         """When a demand queued now would finish: behind the running copy and the queued demands."""
-        queued = sum(1 for seq, uid in self._demand if self._queued.get(uid) == seq)
-        return max(self.free_at, now) + (queued + 1) * self.copy_time_s
+        live = [uid for seq, uid in self._demand if self._queued.get(uid) == seq]
+        return max(self.free_at, now) + self._span(live, 1)
 
     def backlog_end(self, now: float) -> float:
         """When the channel would be idle if nothing more were issued."""
-        return max(self.free_at, now) + len(self._queued) * self.copy_time_s
+        return max(self.free_at, now) + self._span(self._queued)
 
-    @property
-    def busy_count(self) -> int:
-        """Transfers started so far, copies and in-place reads (the channel's work)."""
-        return self.started + self.reads
+    def _span(self, keys, copies: int = 0) -> float:
+        """Seconds of the transfers under `keys` and `copies` more copies (counted, then priced: the
+        compiled engine's arithmetic)."""
+        twins = sum(1 for k in keys if k < self._twin_below) if self.twin_time_s is not None else 0
+        span = (len(keys) - twins + copies) * self.copy_time_s
+        return span + twins * self.twin_time_s if twins else span
 
     @property
     def pending(self) -> int:
@@ -140,6 +154,11 @@ class CopyEngine:
 def in_place_key(uid: int) -> int:
     """The channel key of an in-place read of `uid` (apart from a copy of the same uid)."""
     return -1 - uid
+
+
+def twin_key(uid: int, num_uids: int) -> int:
+    """The channel key of a twin read of `uid` (below every in-place key; `num_uids`: L * E)."""
+    return -1 - num_uids - uid
 
 
 class HostLane:

@@ -10,6 +10,15 @@ slot (its keep value above the victim's, for policies that value experts), else 
 an expert served on the CPU while the link is idle and worth its slot is also copied in behind
 (a prefetch due at its layer of the next token).
 
+Beside them, off by default, a low-bit twin (`Twin`; HOBBIT's mixed-precision loading is the
+anchor): every expert may also keep a copy at a lower precision in host memory, and a miss whose
+gate weight is small is served by reading its twin over the link for this one activation (fewer
+bytes than any path above that crosses the link; no slot, no eviction, so no later hit carries the
+twin's error). Each token has `Twin.budget` of gate weight to spend over its MoE layers; at each
+layer its misses are taken cheapest first (smallest gate weight) while the token's budget holds
+(`pick_twins`), as cache-aware routing spends its KL budget. The bound below assumes full-size
+transfers, so a run with twins reports none.
+
 The bound on time (`paths_bound_time_s`; stated in docs/DESIGN.md, "Bound with miss paths"):
     bound = min over m_c = 0..A of max(F0 + e (A - m_c), c ceil(R / 2), h m_c),  R = max(0, N_opt - 2 m_c)
 Why it holds: docs/decode.md, "The miss paths and their bound".
@@ -17,9 +26,12 @@ Why it holds: docs/decode.md, "The miss paths and their bound".
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from seqmoe.errors import UserError
+from seqmoe.precision import PRECISIONS
 
 MISS_PATHS = ("copy", "in-place", "cpu", "auto")
 """How misses are served: always copied, always read in place, always on the host CPU, or chosen per miss."""
@@ -30,6 +42,47 @@ def check_miss(miss: str) -> str:
     if miss not in MISS_PATHS:
         raise UserError(f"unknown miss path {miss!r}; choose one of: {', '.join(MISS_PATHS)}")
     return miss
+
+
+DEFAULT_TWIN_BUDGET = 0.5
+"""Gate weight per token the twins may serve when no budget is given (summed over the token's layers)."""
+
+
+@dataclass(frozen=True)
+class Twin:
+    """The low-bit twin miss path of the module docstring."""
+
+    precision: str
+    """Precision of the twins (`seqmoe.precision.PRECISIONS`): fewer bytes than the store's."""
+    budget: float
+    """Gate weight per token the twins may serve, summed over the token's MoE layers."""
+
+
+def check_twin(precision: str | None, budget: float | None) -> Twin | None:
+    """The twin path `precision` and `budget` describe (None: off); UserError for a bad value."""
+    if precision is None:
+        if budget is not None:
+            raise UserError("twin_budget (--twin-budget) is the budget of the twin miss path: give its precision too "
+                            f"(twin=, --twin: one of {', '.join(PRECISIONS)})")
+        return None
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown twin precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    budget = DEFAULT_TWIN_BUDGET if budget is None else budget
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+        raise UserError(f"twin_budget (--twin-budget) is gate weight per token, a number >= 0; got {budget!r}")
+    return Twin(precision, float(budget))
+
+
+def pick_twins(missing: np.ndarray, weights: np.ndarray, left: float) -> tuple[np.ndarray, float]:
+    """([K] bool: the layer's misses its twins serve, the gate weight they spend): misses (`missing`)
+    taken smallest `weights` first while their sum stays within `left`, the token's budget left."""
+    w = np.where(missing, np.asarray(weights, dtype=np.float64), np.inf)
+    order = np.argsort(w, kind="stable")
+    spent = np.cumsum(w[order])
+    n = min(int(np.searchsorted(spent, left, side="right")), int(np.count_nonzero(missing)))
+    mask = np.zeros(len(w), dtype=bool)
+    mask[order[:n]] = True
+    return mask, float(spent[n - 1]) if n else 0.0
 
 
 def paths_bound_time_s(*, full_load_time_s: float, activations: int, per_expert_s: float, copy_time_s: float,

@@ -26,8 +26,8 @@ from seqmoe.cache.base import EvictionPolicy
 from seqmoe.errors import UserError
 from seqmoe.manager.counts import SimCounts
 from seqmoe.host_cost import host_expert_time_s
-from seqmoe.manager.engine import CopyEngine, HostLane, in_place_key
-from seqmoe.manager.miss_paths import auto_path, check_miss
+from seqmoe.manager.engine import CopyEngine, HostLane, in_place_key, twin_key
+from seqmoe.manager.miss_paths import Twin, auto_path, check_miss, pick_twins
 from seqmoe.manager.placement import check_capacity
 from seqmoe.predict.base import Predictor
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_times_s, token_overhead_s
@@ -51,6 +51,8 @@ class System:
     """How misses are served (`seqmoe.manager.miss_paths.MISS_PATHS`)."""
     host_only: bool = False
     """Every routed expert runs on the host CPU, resident or not (no slot is used: `cpu-all`)."""
+    twin: Twin | None = None
+    """Low-bit twins serve the misses of small gate weight (`seqmoe.manager.miss_paths.Twin`); None: off."""
 
 
 class PoolObserver(Protocol):
@@ -65,9 +67,9 @@ class PoolObserver(Protocol):
     def on_evict(self, uid: int) -> None:
         """`uid` lost its slot (evicted, or its queued prefetch cancelled)."""
 
-    def on_off_pool(self, uid: int, on_host: bool) -> None:
-        """The current layer's `uid` is served without a slot: computed on the host CPU (`on_host`)
-        or read in place from its host row."""
+    def on_off_pool(self, uid: int, path: str) -> None:
+        """The current layer's `uid` is served without a slot, by `path`: "cpu" (computed on the host
+        CPU), "in-place" (read from its host row) or "twin" (its low-bit twin read from host memory)."""
 
 
 class ManagerBase:
@@ -103,22 +105,39 @@ class ManagerBase:
             raise UserError(f"system {system.name!r} computes experts on the host CPU, but hardware profile "
                             f"{hardware.name!r} describes no host: give host_cores and host_memory_bytes_per_s")
         self.lane = HostLane(self.host_expert_s) if self.host_expert_s is not None else None
+        self.twin, self.twin_time_s, self.twin_bytes = getattr(system, "twin", None), None, 0
+        if self.twin is not None:
+            if self.host_only:
+                raise UserError(f"system {system.name!r} computes every expert on the host CPU: a twin has no miss to serve")
+            twin_model = model.at_precision(self.twin.precision)
+            if twin_model.expert_bytes >= model.expert_bytes:
+                raise UserError(f"a {self.twin.precision} twin ({twin_model.expert_bytes} bytes) is not smaller than the "
+                                f"stored experts ({model.expert_bytes} bytes): choose a lower twin precision")
+            self.twin_time_s, self.twin_bytes = copy_time_s(twin_model, hardware), twin_model.expert_bytes
         self.channel_use = 0.5
         """Share of time the copy channel is busy: a moving average over tokens, updated at each token start."""
-        self._channel_mark = (0.0, 0)  # (time, copies started) at the last token start
+        self._channel_mark = (0.0, 0, 0)  # (time, transfers started, twin reads started) at the last token start
         self.replans = bool(getattr(system.prefetcher, "replan_after_compute", False))
         """Wants `layer_end` after each layer's experts (the driver skips the call otherwise)."""
         self.wants_ids = system.predictor is not None
         """Reads the routed expert ids at each reveal (a predictor observes them)."""
 
-    def _note_channel(self, now: float, started: int) -> None:
-        """Fold the last token's busy share (copies started times the copy time, over its duration) into
-        `channel_use`; both managers call it at each token start, with the same arithmetic."""
-        t, n = self._channel_mark
+    def _note_channel(self, now: float, started: int, twins: int) -> None:
+        """Fold the last token's busy share (transfers started, `twins` of them twin reads, times their
+        durations, over its duration) into `channel_use`; both managers call it at each token start,
+        with the same arithmetic."""
+        t, n, w = self._channel_mark
         if now > t:
-            busy = min(1.0, (started - n) * self.copy_time_s / (now - t))
+            busy_s = (started - n - (twins - w)) * self.copy_time_s
+            if twins > w:
+                busy_s += (twins - w) * self.twin_time_s
+            busy = min(1.0, busy_s / (now - t))
             self.channel_use += CHANNEL_WEIGHT * (busy - self.channel_use)
-        self._channel_mark = (now, started)
+        self._channel_mark = (now, started, twins)
+
+    def _check_weights(self, weights) -> None:
+        if weights is None:
+            raise UserError("the twin miss path needs each layer's gate weights: the trace or the caller gave none")
 
     def begin_request(self) -> None:
         """A new request starts: the predictor forgets the request-level history."""
@@ -133,7 +152,7 @@ class MemoryManager(ManagerBase):
     def __init__(self, system: System, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
                  observer: PoolObserver | None = None) -> None:
         super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
-        self.engine = CopyEngine(self.copy_time_s)
+        self.engine = CopyEngine(self.copy_time_s, self.num_layers * self.num_experts, self.twin_time_s)
         n = self.num_layers * self.num_experts
         self._present = bytearray(n)
         self._unused_prefetch = bytearray(n)
@@ -148,6 +167,7 @@ class MemoryManager(ManagerBase):
         self.pace_s = self.layer_s  # measured time per layer (moving average), stalls included
         self.host_served, self.host_end = 0, 0.0
         """Experts of the current layer on the host CPU, and when the last of them is back (the driver reads them)."""
+        self._twin_left = 0.0  # the current token's twin budget not yet spent
 
     def add_stall(self, seconds: float) -> None:
         """The driver's share of the stall: the layer waited `seconds` for the host CPU's outputs."""
@@ -159,7 +179,7 @@ class MemoryManager(ManagerBase):
         self.host_served += 1
         self.c.host += 1
         if self.observer is not None:
-            self.observer.on_off_pool(uid, True)
+            self.observer.on_off_pool(uid, "cpu")
 
     @property
     def copies(self) -> int:
@@ -293,8 +313,9 @@ class MemoryManager(ManagerBase):
             forecast = sys.predictor.predict(self.step) if sys.predictor is not None else None
             sys.prefetcher.plan(forecast, self)
 
-    def layer(self, step: int, needed: list[int], ids: np.ndarray | None, reveal: float) -> float:
-        """Serve one layer whose router reveals `needed` uids at time `reveal`; returns expert start."""
+    def layer(self, step: int, needed: list[int], ids: np.ndarray | None, reveal: float, weights=None) -> float:
+        """Serve one layer whose router reveals `needed` uids at time `reveal` (their gate `weights`,
+        read by the twin path); returns expert start."""
         self.step, self.now = step, reveal
         self._finish_copies(reveal)
         c, policy, engine, present = self.c, self.system.policy, self.engine, self._present
@@ -326,10 +347,28 @@ class MemoryManager(ManagerBase):
                 c.ready += 1
             self._unused_prefetch[uid] = 0
             policy.access(uid, step)
-        for uid in needed:
+        twins = None
+        if self.twin is not None:
+            self._check_weights(weights)
+            missing = np.array([not present[u] for u in needed])
+            if missing.any():
+                twins, spent = pick_twins(missing, weights, self._twin_left)
+                self._twin_left -= spent
+                c.twin += int(np.count_nonzero(twins))
+                c.twin_weight += spent
+        for i, uid in enumerate(needed):
             if present[uid]:
                 continue
             c.misses += 1
+            if twins is not None and twins[i]:
+                key = twin_key(uid, len(present))
+                engine.demand(key, reveal)
+                waiting.append(key)
+                if self.observer is not None:
+                    self.observer.on_off_pool(uid, "twin")
+                if note_use is not None:
+                    note_use(uid, step)
+                continue
             path, victim = ("copy", None) if self.miss == "copy" else auto_path(self, uid, reveal)
             if path != "copy":
                 if path == "cpu+copy":
@@ -344,7 +383,7 @@ class MemoryManager(ManagerBase):
                     waiting.append(key)
                     c.in_place += 1
                     if self.observer is not None:
-                        self.observer.on_off_pool(uid, False)
+                        self.observer.on_off_pool(uid, "in-place")
                 if note_use is not None:
                     note_use(uid, step)
                 continue
@@ -384,7 +423,10 @@ class MemoryManager(ManagerBase):
     def token_start(self, step: int, now: float, token_id: int | None) -> None:
         self.step, self.now = step - 1, now
         self._finish_copies(now)
-        self._note_channel(now, self.engine.busy_count)
+        e = self.engine
+        self._note_channel(now, e.started + e.reads, e.twin_reads)
+        if self.twin is not None:
+            self._twin_left = self.twin.budget
         pred, pre = self.system.predictor, self.system.prefetcher
         if pred is None and pre is None:
             return

@@ -21,7 +21,7 @@ from seqmoe.errors import UserError
 from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
-from seqmoe.manager.miss_paths import check_miss
+from seqmoe.manager.miss_paths import Twin, check_miss
 from seqmoe.manager.state import System
 from seqmoe.predict.base import Predictor
 from seqmoe.predict.expertflow import ExpertFlowPredictor
@@ -133,12 +133,13 @@ def live_systems(with_train: bool = True, with_predictor: bool = False, with_hos
             and (with_host or s.role != "host")]
 
 
-def build_system(name: str, inputs: SystemInputs, miss: str = "copy") -> System:
+def build_system(name: str, inputs: SystemInputs, miss: str = "copy", twin: Twin | None = None) -> System:
     """A fresh system by name (UserError naming the choices if unknown), serving its misses by
-    `miss` unless it fixes its own path (`SystemSpec.miss`)."""
+    `miss` unless it fixes its own path (`SystemSpec.miss`), and by `twin` where it says."""
     spec = system_spec(name)
     system = spec.build(inputs)
     system.miss = spec.miss or check_miss(miss)
+    system.twin = twin
     return system
 
 

@@ -12,6 +12,7 @@ _COLUMNS = [  # (header, key, format)
     ("system", "system", "{}"),
     ("miss", "miss", "{}"),
     ("experts", "expert_dtype", "{}"),
+    ("twin", "twin", "{}"),
     ("resid.", "residency", "{:.2f}"),
     ("hit", "hit_rate", "{:.4f}"),
     ("ready", "ready_rate", "{:.4f}"),

@@ -43,6 +43,10 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     if max_kl is not None and (trace.router_logits is None or trace.gate_weights is None):
         raise UserError("cache-aware routing replays router logits and gate weights, and this trace lacks them: "
                         "collect it with `seqmoe trace collect --router-logits`")
+    gates = trace.gate_weights if getattr(system, "twin", None) is not None else None
+    if gates is None and getattr(system, "twin", None) is not None:
+        raise UserError("the twin miss path picks misses by their gate weights, and this trace lacks them: replay a "
+                        "trace that holds gate_weights (`seqmoe trace collect`, or a Mixtral JSONL trace)")
     driver = Driver(build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start,
                                   compiled=compiled))
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
@@ -60,9 +64,9 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         for l in range(L):
             step = t * L + l
             if routing is None:
-                driver.reveal(l, row[l], flat[step])
+                driver.reveal(l, row[l], flat[step], None if gates is None else gates[t, l])
             else:
-                driver.reveal(l, _routed(routing, trace, t, l))
+                driver.reveal(l, *_routed(routing, trace, t, l))
             driver.layer_end(l)
         if t % 256 == 255:
             bar.update(256)
@@ -84,9 +88,11 @@ def _replayed_routing(driver: Driver, max_kl: float) -> CacheAwareRouting:
     return CacheAwareRouting(max_kl, missing=missing, resident=lambda layer: state["readable"])
 
 
-def _routed(routing: CacheAwareRouting, trace: RoutingTrace, t: int, l: int) -> np.ndarray:
-    """[K] expert ids of (token t, layer l) after the rule."""
+def _routed(routing: CacheAwareRouting, trace: RoutingTrace, t: int, l: int) -> tuple:
+    """([K] expert ids, None, [K] gate weights) of (token t, layer l) after the rule (`Driver.reveal`'s arguments)."""
     ids = trace.expert_ids[t, l][None]
     got = routing.substitute(l, lambda: trace.router_logits[t, l][None].astype(np.float64),
                              lambda: trace.gate_weights[t, l][None].astype(np.float64), ids)
-    return ids[0] if got is None else got[1][0].astype(ids.dtype)
+    if got is None:
+        return ids[0], None, trace.gate_weights[t, l]
+    return got[1][0].astype(ids.dtype), None, got[0][0]

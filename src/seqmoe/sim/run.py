@@ -19,6 +19,7 @@ from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
 from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
+from seqmoe.manager.miss_paths import check_twin
 from seqmoe.manager.placement import capacity_for_bytes
 from seqmoe.precision import format_bytes, parse_bytes
 from seqmoe.manager.systems import system_spec
@@ -85,8 +86,10 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
         capacity = capacity_for_bytes(budget, model.expert_bytes, L, E, K, f"--memory {format_bytes(budget)}")
         residency = capacity / (L * E)
     start = start_placement(w.train, capacity)
-    n_opt = None
-    if cfg.routing == "exact":  # Belady's count is of the recorded routing: no bound for a replay that changes it
+    n_opt, twin = None, check_twin(cfg.twin, cfg.twin_budget)
+    # Belady's count is of the recorded routing with full-size copies: no bound for a replay that
+    # changes the routing or reads smaller twins.
+    if cfg.routing == "exact" and twin is None:
         if capacity not in w.belady_misses:
             w.belady_misses[capacity] = belady_misses(w.test_uids, capacity, start, w.future)
         n_opt = w.belady_misses[capacity]
@@ -96,13 +99,14 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
             w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
         predictor = w.predictors[cfg.predictor]
     inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor)
-    system = build_system(cfg.system, inputs, cfg.miss)
+    system = build_system(cfg.system, inputs, cfg.miss, twin)
     t0 = time.perf_counter()
     counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
                       progress=progress, max_kl=cfg.max_kl)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
-           "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes}
+           "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
+           "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget}
     row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))
     row.update({
         "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,

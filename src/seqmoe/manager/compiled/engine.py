@@ -6,7 +6,8 @@ engine advances lazily. The demand queue and the finished-copies queue are rings
 queue a binary heap on (deadline, sequence) that keeps stale entries (promoted or cancelled) until
 they surface, as the reference does. An in-place read of u (`read`) is a demand under the key
 -1 - u that nobody cancels or promotes: it is always live, counted in READS, not in STARTED; when
-it ends is kept in G[READS_END] (the reads of the layer being served, the only ones not done).
+it ends is kept in G[READS_END] (the reads of the layer being served, the only ones not done). A
+twin read is the same under -1 - L * E - u, lasting G[TWIN_S] (also counted in TWIN_READS).
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numba as nb
 import numpy as np
 
 from seqmoe.manager.compiled.layout import (
-    COPY_S, DONE_AT, DQ_HEAD, DQ_LEN, FINISH, FREE_AT, NQUEUED, PH_LEN, QSEQ, READS, READS_END, RQ_HEAD, RQ_LEN, SEQ,
-    STARTED,
+    COPY_S, DONE_AT, DQ_HEAD, DQ_LEN, E_, FINISH, FREE_AT, L_, NQUEUED, PH_LEN, QSEQ, READS, READS_END, RQ_HEAD, RQ_LEN,
+    SEQ, STARTED, TWIN_QUEUED, TWIN_READS, TWIN_S,
 )
 
 jit = nb.njit(cache=True)
@@ -95,6 +96,25 @@ def _heap_pop(S, PH):
 
 
 @jit
+def is_twin(S, key):
+    """`key` is a twin read's (below every in-place key)."""
+    return key < -S[L_] * S[E_]
+
+
+@jit
+def duration(S, G, key):
+    """Seconds the transfer under `key` holds the channel (`CopyEngine.duration`)."""
+    return G[TWIN_S] if is_twin(S, key) else G[COPY_S]
+
+
+@jit
+def span(S, G, keys, twins, copies):
+    """Seconds of `keys` transfers (`twins` of them twin reads) and `copies` more copies (`CopyEngine._span`)."""
+    t = (keys - twins + copies) * G[COPY_S]
+    return t + twins * G[TWIN_S] if twins else t
+
+
+@jit
 def start_next(I, F, S, G, DQ, PH, RQI, RQF, at):
     """Start the next live queued copy at time `at` (demand first); False when none is queued."""
     cap = DQ.shape[1]
@@ -109,7 +129,7 @@ def start_next(I, F, S, G, DQ, PH, RQI, RQF, at):
         if uid >= 0 and I[QSEQ, uid] != seq:  # promoted or cancelled entry
             continue
         S[NQUEUED] -= 1
-        G[FREE_AT] = at + G[COPY_S]
+        G[FREE_AT] = at + duration(S, G, uid)
         if uid >= 0:
             I[QSEQ, uid] = -1
             F[DONE_AT, uid] = G[FREE_AT]
@@ -117,6 +137,9 @@ def start_next(I, F, S, G, DQ, PH, RQI, RQF, at):
         else:
             G[READS_END] = max(G[READS_END], G[FREE_AT])
             S[READS] += 1
+            if is_twin(S, uid):
+                S[TWIN_READS] += 1
+                S[TWIN_QUEUED] -= 1
         r = (S[RQ_HEAD] + S[RQ_LEN]) % RQI.shape[0]
         RQI[r], RQF[r] = uid, G[FREE_AT]
         S[RQ_LEN] += 1
@@ -163,13 +186,17 @@ def demand(I, F, S, G, DQ, PH, RQI, RQF, uid, now):
 
 
 @jit
-def read(I, F, S, G, DQ, PH, RQI, RQF, uid, now):
-    """Queue an in-place read of `uid` at `now`, as a demand copy (ahead of prefetches, behind earlier demands)."""
+def read(I, F, S, G, DQ, PH, RQI, RQF, uid, now, twin):
+    """Queue an in-place read of `uid` (of its twin when `twin`) at `now`, as a demand copy (ahead of
+    prefetches, behind earlier demands)."""
     S[SEQ] += 1
     S[NQUEUED] += 1
     cap = DQ.shape[1]
     r = (S[DQ_HEAD] + S[DQ_LEN]) % cap
     DQ[0, r], DQ[1, r] = S[SEQ], -1 - uid
+    if twin:
+        DQ[1, r] -= S[L_] * S[E_]
+        S[TWIN_QUEUED] += 1
     S[DQ_LEN] += 1
     _kick(I, F, S, G, DQ, PH, RQI, RQF, now)
 
@@ -237,7 +264,7 @@ def demand_finish_times(I, F, S, G, DQ):
         r = (S[DQ_HEAD] + j) % cap
         seq, uid = DQ[0, r], DQ[1, r]
         if uid < 0:
-            t += G[COPY_S]
+            t += duration(S, G, uid)
             G[READS_END] = max(G[READS_END], t)
         elif I[QSEQ, uid] == seq:
             t += G[COPY_S]
@@ -247,16 +274,17 @@ def demand_finish_times(I, F, S, G, DQ):
 @jit
 def next_demand_end(I, S, G, DQ, now):
     """When a demand queued now would finish: behind the running copy and the queued demands."""
-    cap, queued = DQ.shape[1], 0
+    cap, queued, twins = DQ.shape[1], 0, 0
     for j in range(S[DQ_LEN]):
         r = (S[DQ_HEAD] + j) % cap
         uid = DQ[1, r]
         if uid < 0 or I[QSEQ, uid] == DQ[0, r]:
             queued += 1
-    return max(G[FREE_AT], now) + (queued + 1) * G[COPY_S]
+            twins += is_twin(S, uid)
+    return max(G[FREE_AT], now) + span(S, G, queued, twins, 1)
 
 
 @jit
 def backlog_end(S, G, now):
     """When the channel would be idle if nothing more were issued."""
-    return max(G[FREE_AT], now) + S[NQUEUED] * G[COPY_S]
+    return max(G[FREE_AT], now) + span(S, G, S[NQUEUED], S[TWIN_QUEUED], 0)

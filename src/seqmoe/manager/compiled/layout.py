@@ -3,7 +3,7 @@
 Numba compiles these names as constants. Per-uid fields are rows of `I` (int64 [NI, L * E]) and
 `F` (float64 [NF, L * E]); scalars live in `S` (int64 [NS]) and `G` (float64 [NG]). The copy
 engine's queues are rings (DQ, RQI / RQF) and a binary heap (PH) over arrays of their own (`engine`);
-an in-place read of u sits in them as uid -1 - u. Events for the
+an in-place read of u sits in them as uid -1 - u, a twin read as -1 - L * E - u. Events for the
 observer (the runtime's data plane) go to `EV` (int64 [cap, 3]: kind, uid, deadline step).
 """
 
@@ -68,7 +68,8 @@ NCANDS, NCOSTS, COSTS_N_ASKED = 52, 53, 54  # COSTS_N_ASKED: how many lowest the
 FU_STEP, FU_VERSION = 55, 56  # the (position, forecast) FIRST_USE holds for
 NUM_COUNT_CLASSES = 57  # the reuse table's recent-count classes
 MISS, READS, IN_PLACE, HOST, HOST_SERVED = 58, 59, 60, 61, 62  # miss path (kinds below); counts; this layer's on the host
-NS = 63
+TWIN_READS, TWIN_QUEUED, TWINS = 63, 64, 65  # twin reads started; queued; misses served by twins
+NS = 66
 
 COSTS_N = 64
 """Lowest resident keep values kept for the scheduler (it pairs at most max_jobs candidates with them)."""
@@ -82,14 +83,19 @@ FLOOR, MIN_PROB, MARGIN, MAX_HARM, LEAD = 8, 9, 10, 11, 12
 CANDS_USE = 13  # forecast policy: the highest P(use within the forecast) among CANDS
 HOST_S, LANE_FREE, HOST_END = 14, 15, 16  # host CPU: seconds per expert (inf: none), when idle, this layer's last output
 READS_END = 17  # when the in-place reads of the layer being served end (-inf: none)
-NG = 18
+TWIN_S = 18  # seconds per twin read (0: no twins)
+TWIN_LEFT, TWIN_W = 19, 20  # the current token's twin budget not yet spent; gate weight the twins served
+NG = 21
 
 # -- kinds ------------------------------------------------------------------------------------------
 POLICY_LRU, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS = 0, 1, 2
 PREFETCH_NONE, PREFETCH_DEADLINE = 0, 1
-EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT, EV_OFF_POOL = 1, 2, 3, 4, 5  # EV_OFF_POOL: deadline field 1 on host
+EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT, EV_OFF_POOL = 1, 2, 3, 4, 5  # EV_OFF_POOL: deadline field an OFF_POOL index
+OFF_POOL = ("in-place", "cpu", "twin")
+"""The paths of an EV_OFF_POOL event, by the index in its deadline field."""
 MISS_COPY, MISS_IN_PLACE, MISS_CPU, MISS_AUTO = (MISS_PATHS.index(p) for p in ("copy", "in-place", "cpu", "auto"))
 PATH_CPU_COPY = len(MISS_PATHS)  # on the host now, and copied into a slot behind (`seqmoe.manager.miss_paths.auto_path`)
+PATH_TWIN = len(MISS_PATHS) + 1  # its low-bit twin read (`seqmoe.manager.miss_paths.Twin`)
 
 # -- errors returned by the kernels -----------------------------------------------------------------
 OK, ERR_NO_SLOT = 0, 1

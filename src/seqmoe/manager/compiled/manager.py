@@ -16,7 +16,8 @@ from seqmoe.manager.compiled.layout import (
     MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB, MISS, MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES,
     NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PENDING, PF_QUEUED, POLICY, POLICY_FORECAST,
     POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE, PREFETCH_NONE, PRESENT, QSEQ,
-    READS, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, UCLASS, WASTED,
+    OFF_POOL, READS, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, TWINS, TWIN_LEFT, TWIN_READS, TWIN_S, TWIN_W, UCLASS,
+    WASTED,
 )
 from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
@@ -52,6 +53,7 @@ def compilable(system) -> bool:
 
 
 _NO_STEPS, _NO_PROBS = np.zeros(0, np.int64), np.zeros((0, 1), np.float32)  # `decide` without a new forecast
+_NO_WEIGHTS = np.zeros(0, np.float64)  # a reveal without the twin path
 
 
 class CompiledManager(ManagerBase):
@@ -86,6 +88,7 @@ class CompiledManager(ManagerBase):
                                                                        self.layer_s, PACE_W)
         S[MISS] = MISS_PATHS.index(self.miss)  # the MISS_* kinds of `layout`
         G[HOST_S] = np.inf if self.host_expert_s is None else self.host_expert_s
+        G[TWIN_S] = self.twin_time_s or 0.0
         self.TAB = np.zeros((0, 0), np.float64)
         self.DISC = np.zeros((2, 1), np.float64)
         self._setup_policy(system.policy)
@@ -146,7 +149,9 @@ class CompiledManager(ManagerBase):
     # -- the driver API ---------------------------------------------------------------------------------
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:
         step.move_to(*self._state, step_ - 1, now, self.buf)
-        self._note_channel(now, int(self.S[STARTED] + self.S[READS]))
+        self._note_channel(now, int(self.S[STARTED] + self.S[READS]), int(self.S[TWIN_READS]))
+        if self.twin is not None:
+            self.G[TWIN_LEFT] = self.twin.budget
         price = price_of_copy(self.channel_use) if self._adaptive_margin else self.G[MARGIN]
         if price != self.G[MARGIN]:
             self.G[MARGIN] = price
@@ -159,19 +164,23 @@ class CompiledManager(ManagerBase):
         self._decide(step_ - 1)
         self.decision_s += time.perf_counter() - t0
 
-    def layer(self, step_: int, needed: np.ndarray, ids, reveal: float) -> float:
+    def layer(self, step_: int, needed: np.ndarray, ids, reveal: float, weights=None) -> float:
         # One kernel call per reveal: inside a model's forward each first call after the forward pays
         # for cold caches (~20 us at seqmoe-tiny's dimensions), a call in the same burst ~1 us. The
         # predictor does not read the pool, so it observes and forecasts before the layer is served.
         t0 = time.perf_counter()
-        pred, ok, fc = self.predictor, True, None
+        pred, ok, fc, w = self.predictor, True, None, _NO_WEIGHTS
         if pred is not None and ids is not None:
             pred.observe(step_, ids)
+        if self.twin is not None:
+            self._check_weights(weights)
+            w = np.asarray(weights, dtype=np.float64)
         if self._plans:
             fc = pred.predict(step_)
-            status, start, ok = step.layer(*self._plan_args, needed, step_, reveal, self.buf, *self._forecast_args(fc))
+            status, start, ok = step.layer(*self._plan_args, needed, w, step_, reveal, self.buf,
+                                           *self._forecast_args(fc))
         else:
-            status, start = step.serve(*self._serve_args, needed, step_, reveal, self.buf, True)
+            status, start = step.serve(*self._serve_args, needed, w, step_, reveal, self.buf, True)
         if self.S[NEV]:
             self._deliver()
         if status != OK:
@@ -228,14 +237,14 @@ class CompiledManager(ManagerBase):
             elif kind == EV_EVICT:
                 obs.on_evict(uid)
             elif kind == EV_OFF_POOL:
-                obs.on_off_pool(uid, bool(deadline))
+                obs.on_off_pool(uid, OFF_POOL[deadline])
 
     # -- counts and views -----------------------------------------------------------------------------
     @property
     def c(self) -> SimCounts:
         S = self.S
         return SimCounts(ready=int(S[READY]), late=int(S[LATE]), misses=int(S[MISSES]), in_place=int(S[IN_PLACE]),
-                         host=int(S[HOST]), prefetches=int(S[PREFETCHES]), wasted_copies=int(S[WASTED]),
+                         host=int(S[HOST]), twin=int(S[TWINS]), twin_weight=float(self.G[TWIN_W]), prefetches=int(S[PREFETCHES]), wasted_copies=int(S[WASTED]),
                          cancelled=int(S[CANCELLED]), stall_s=float(self.G[STALL]), decision_s=self.decision_s)
 
     # The driver's view of the host CPU's share of the current layer (`ManagerBase`).

@@ -1,20 +1,23 @@
 """The miss paths of `seqmoe.manager.miss_paths`, compiled: which path serves a miss (`auto_path`'s rule,
-decision for decision), the host CPU's lane, and a miss served off the pool."""
+decision for decision), the misses the twins serve, the host CPU's lane, and a miss served off the pool."""
 
 from __future__ import annotations
 
 import numba as nb
+import numpy as np
 
 from seqmoe.manager.compiled import engine, ops
 from seqmoe.manager.compiled.forecast import keep_values
 from seqmoe.manager.compiled.layout import (
     CAP, EV_OFF_POOL, HOST, HOST_END, HOST_S, HOST_SERVED, IN_PLACE, LANE_FREE, MISS, MISS_AUTO, MISS_COPY, MISS_CPU,
-    MISS_IN_PLACE, NUM_PRESENT, PATH_CPU_COPY, POLICY, POLICY_LRU,
+    MISS_IN_PLACE, NUM_PRESENT, OFF_POOL, PATH_CPU_COPY, PATH_TWIN, POLICY, POLICY_LRU, PRESENT, TWIN_LEFT, TWIN_W,
+    TWINS,
 )
 from seqmoe.manager.compiled.policies import policy_victim
 from seqmoe.manager.compiled.recency import policy_access
 
 jit = nb.njit(cache=True)
+OFF_IN_PLACE, OFF_CPU, OFF_TWIN = (OFF_POOL.index(p) for p in ("in-place", "cpu", "twin"))
 
 
 @jit
@@ -50,24 +53,49 @@ def choose(I, F, S, G, DQ, TAB, DISC, u, now):
 
 
 @jit
+def pick_twins(I, S, G, needed, weights):
+    """[K] bool: the misses of `needed` their twins serve, smallest `weights` first within G[TWIN_LEFT]
+    (`seqmoe.manager.miss_paths.pick_twins`, the same sums in the same order), the budget spent."""
+    twins = np.zeros(len(needed), dtype=np.bool_)
+    spent, n = 0.0, 0
+    while True:
+        best = -1
+        for i in range(len(needed)):
+            if not twins[i] and not I[PRESENT, needed[i]] and (best < 0 or weights[i] < weights[best]):
+                best = i
+        if best < 0 or spent + weights[best] > G[TWIN_LEFT]:
+            break
+        spent += weights[best]
+        twins[best] = True
+        n += 1
+    G[TWIN_LEFT] -= spent
+    G[TWIN_W] += spent
+    S[TWINS] += n
+    return twins
+
+
+@jit
 def on_host(S, G, EV, u, now):
     """Serve `u` on the host CPU from `now` (`ManagerBase._on_host`)."""
     G[HOST_END] = max(G[LANE_FREE], now) + G[HOST_S]
     G[LANE_FREE] = G[HOST_END]
     S[HOST_SERVED] += 1
     S[HOST] += 1
-    ops.event(S, EV, EV_OFF_POOL, u, 1)
+    ops.event(S, EV, EV_OFF_POOL, u, OFF_CPU)
 
 
 @jit
 def off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, path, step, now):
-    """Serve the miss of `u` on the host CPU or by an in-place read; the policy hears of the use
-    (`note_use`: forecast policies). Returns whether a read was queued."""
+    """Serve the miss of `u` on the host CPU, by an in-place read or (`path` PATH_TWIN) by a read of
+    its twin; the policy hears of the use (`note_use`: forecast policies). Returns whether a read was queued."""
     read = path != MISS_CPU
-    if read:
-        engine.read(I, F, S, G, DQ, PH, RQI, RQF, u, now)
+    if path == PATH_TWIN:
+        engine.read(I, F, S, G, DQ, PH, RQI, RQF, u, now, True)
+        ops.event(S, EV, EV_OFF_POOL, u, OFF_TWIN)
+    elif read:
+        engine.read(I, F, S, G, DQ, PH, RQI, RQF, u, now, False)
         S[IN_PLACE] += 1
-        ops.event(S, EV, EV_OFF_POOL, u, 0)
+        ops.event(S, EV, EV_OFF_POOL, u, OFF_IN_PLACE)
     else:
         on_host(S, G, EV, u, now)
     if S[POLICY] != POLICY_LRU:

@@ -14,7 +14,7 @@ from seqmoe.manager.compiled import deadline, engine, forecast, ops
 from seqmoe.manager.compiled import miss_paths
 from seqmoe.manager.compiled.layout import (
     ADDED, CAP, DONE_AT, ERR_NO_SLOT, EV_PROMOTE, FINISH, LATE, LAYER_S, L_, MISS, MISSES, MISS_COPY, NOW, NUM_PRESENT,
-    OK, PACE, PACE_WEIGHT, PATH_CPU_COPY, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
+    OK, PACE, PACE_WEIGHT, PATH_CPU_COPY, PATH_TWIN, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
     READY, STALL, STEP, UNUSED_PF,
 )
 from seqmoe.manager.compiled.forecast import demand_victims
@@ -56,9 +56,10 @@ def _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
 
 
 @jit
-def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf, finish):
-    """The router of the layer at `step` revealed `needed` ([K] uids) at time `reveal`: count hits,
-    queue demand copies (and `finish_layer` when `finish`: no decisions come in between). Returns
+def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, reveal, buf, finish):
+    """The router of the layer at `step` revealed `needed` ([K] uids) at time `reveal` with gate
+    `weights` ([K] float64, read by the twin path; empty without one): count hits, queue demand
+    copies and reads, and `finish_layer` when `finish` (no decisions come in between). Returns
     (status, the time its experts can start)."""
     S[STEP] = step
     G[NOW] = reveal
@@ -88,15 +89,20 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf
             S[READY] += 1
         I[UNUSED_PF, u] = 0
         policy_access(I, F, S, u, step)
+    twins = miss_paths.pick_twins(I, S, G, needed, weights) if len(weights) else np.zeros(len(needed), np.bool_)
     queue = np.empty(len(needed), dtype=np.int64)  # the forecast policy's demand victims, in order
     nq, qi, misses, reads = 0, 0, 0, 0
-    for u in needed:
-        misses += not I[PRESENT, u]
-    for u in needed:
+    for i in range(len(needed)):  # the misses that take a slot or a path below (not a twin)
+        misses += not I[PRESENT, needed[i]] and not twins[i]
+    for i in range(len(needed)):
+        u = needed[i]
         if I[PRESENT, u]:
             continue
         S[MISSES] += 1
         victim = -1
+        if twins[i]:
+            reads += miss_paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, PATH_TWIN, step, reveal)
+            continue
         if S[MISS] != MISS_COPY:  # the miss paths (`seqmoe.manager.miss_paths`)
             path, victim = miss_paths.choose(I, F, S, G, DQ, TAB, DISC, u, reveal)
             if path == PATH_CPU_COPY:  # the policy hears of the use when the copy lands
@@ -184,12 +190,12 @@ def end_layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, step,
 
 
 @jit
-def layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, needed, step, reveal, buf, new_forecast,
-          steps, probs, floor):
+def layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, needed, weights, step, reveal, buf,
+          new_forecast, steps, probs, floor):
     """`serve`, `decide` and `finish_layer` of a reveal in one call (the first call after the model's
     forward costs ~20 us of cold caches in the runtime, the next ones ~1). Returns (status, the time
     the layer's experts can start, whether the forecast fit)."""
-    status, start = serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, step, reveal, buf, False)
+    status, start = serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, reveal, buf, False)
     if status != OK:
         return status, start, True
     ok = decide(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, new_forecast, steps, probs, floor)

@@ -141,9 +141,11 @@ class Controller(PostedSteps):
     def on_evict(self, uid: int) -> None:
         self.pool.release(uid)
 
-    def on_off_pool(self, uid: int, on_host: bool) -> None:
-        if on_host:  # an in-place read needs nothing here: a row without a slot is read from its host block
+    def on_off_pool(self, uid: int, path: str) -> None:
+        if path == "cpu":  # an in-place read needs nothing here: a row without a slot is read from its host block
             self._on_host.add(uid)
+        elif path == "twin":
+            self._twins.add(uid)
 
     def host_experts(self, layer: int) -> frozenset[int]:
         """The expert ids of `layer` that the manager sent to the host CPU for the decode position
