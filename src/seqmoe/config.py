@@ -170,6 +170,12 @@ class OffloadConfig:
     max_kl: float | None = None
     """Cache-aware routing's budget per token: nats of KL divergence from the router's distribution
     (0.01-0.02 cost seqmoe-tiny under 0.5% perplexity)."""
+    twin: str | None = field(default=None, metadata={"metavar": "PRECISION"})
+    """Low-bit twin miss path (off by default; inline control): every expert also keeps a twin at this
+    precision (int8, int4 or fp8, smaller than the store) in host memory, and a miss of small gate
+    weight computes from its twin, read over the link, within --twin-budget."""
+    twin_budget: float | None = field(default=None, metadata={SHOWN_DEFAULT: DEFAULT_TWIN_BUDGET})
+    """Gate weight per token the twins may serve, summed over its MoE layers."""
     device: str | None = None
     """Device of the pool and the dense layers: cpu, cuda or cuda:N (default: the model's; the commands
     take cuda when available)."""
@@ -211,6 +217,10 @@ class OffloadConfig:
         if self.control is not None and self.control not in CONTROLS:
             raise UserError(f"control must be one of: {', '.join(CONTROLS)}; got {self.control!r}")
         check_routing(self.routing, self.max_kl)
+        check_twin(self.twin, self.twin_budget)
+        if self.twin is not None and self.control == "thread":
+            raise UserError("the twin miss path computes a twin from the routing the host reads: it runs with "
+                            "control='inline' (--control inline)")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device)):
             raise UserError(f"device {self.device!r} is not supported by the runtime; pass cpu, cuda or cuda:N")
         if self.bandwidth is not None and not self.bandwidth > 0:
@@ -228,13 +238,14 @@ class OffloadConfig:
 
     def for_graph(self) -> OffloadConfig:
         """This configuration for decoding with `DecodeGraph` (`--graph`), which needs thread control."""
-        if self.control == "inline":
-            raise UserError("--graph needs --control thread")
+        if self.control == "inline" or self.twin is not None:
+            raise UserError("--graph needs --control thread" + (", and the twin miss path inline control" if self.twin
+                                                                 else ""))
         return dataclasses.replace(self, control="thread")
 
     def control_on(self, device_type: str) -> str:
-        """Where the control plane runs on a device of `device_type`."""
-        return self.control or ("thread" if device_type == "cuda" else "inline")
+        """Where the control plane runs on a device of `device_type` (inline for the twin miss path)."""
+        return self.control or ("thread" if device_type == "cuda" and self.twin is None else "inline")
 
     def miss_with(self, control: str) -> str:
         """How misses are served under `control`. By default auto where the host reads each layer's

@@ -132,9 +132,11 @@ def run_generate(args) -> int:
           f"{stats['num_layers'] * stats['num_experts']} experts in device slots, {stats['expert_dtype']} experts of "
           f"{format_bytes(stats['expert_bytes'])}")
     print(f"hit rate {stats['hit_rate']:.3f} (ready {stats['ready']}, late {stats['late']}, misses {stats['misses']}: "
-          f"--miss {stats['miss']}, {stats['misses_cpu']} on the host CPU, {stats['misses_in_place']} read in place); "
+          f"--miss {stats['miss']}, {stats['misses_cpu']} on the host CPU, {stats['misses_in_place']} read in place"
+          + (f", {stats['misses_twin']} from {stats['twin']} twins" if stats["twin"] else "") + "); "
           f"{stats['copies']} expert copies ({_mib(stats['bytes_copied'])})")
-    print(f"memory: experts on device {_mib(stats['device_expert_bytes'])}, on host {_mib(stats['host_expert_bytes'])}; "
+    twins = f" (twins {_mib(stats['host_twin_bytes'])})" if stats["twin"] else ""
+    print(f"memory: experts on device {_mib(stats['device_expert_bytes'])}, on host {_mib(stats['host_expert_bytes'])}{twins}; "
           f"dense layers {_mib(dense)}")
     host = stats["host_expert_s"]
     print(f"cost model: {runtime.hardware.name}: {1e6 * stats['copy_time_s']:.1f} us per expert copy"

@@ -38,7 +38,7 @@ class OffloadRuntime:
 
     def __init__(self, model, layers, originals, layouts, kept, pool, worker, controller, hooks, *, system: str,
                  residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile,
-                 expert_dtype: str, host=None) -> None:
+                 expert_dtype: str, host=None, twins=None) -> None:
         self.model, self._layers, self._originals, self._layouts = model, layers, originals, layouts
         self._kept = kept  # per layer, the stripped Parameter objects `restore` refills
         self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
@@ -48,6 +48,7 @@ class OffloadRuntime:
         self.model_profile, self.hardware = model_profile, hardware
         self.closed = self._restored = False
         self.host = host  # the `HostExecutor`, when misses may be computed on the host CPU
+        self.twins = twins  # the `TwinStore` of the twin miss path, or None
         self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker, host)
         model._seqmoe_runtime = self  # the model keeps its runtime alive while it is offloaded
 
@@ -127,6 +128,9 @@ class OffloadRuntime:
             "resident_experts": len(pool.resident()),
             "expert_dtype": self.expert_dtype, "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
             "host_expert_bytes": pool.host_bytes,
+            "twin": None if self.twins is None else self.twins.layout.precision,
+            "twin_reads": 0 if self.twins is None else self.twins.reads,
+            "host_twin_bytes": 0 if self.twins is None else self.twins.host_bytes,
             "host_us_per_token": per_token(self.host_s),
             "gather_us_per_token": per_token(self.gather_s),
             "device": str(pool.device),

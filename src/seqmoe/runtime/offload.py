@@ -32,6 +32,7 @@ from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCY, MEASURED, Offload
 from seqmoe.errors import UserError
 from seqmoe.host_cost import has_host_path, host_expert_time_s
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
+from seqmoe.manager.miss_paths import check_twin
 from seqmoe.manager.placement import capacity_for_bytes
 from seqmoe.manager.systems import system_spec
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
@@ -54,6 +55,7 @@ from seqmoe.runtime.posted.mailbox import Mailbox
 from seqmoe.runtime.core.pool import ExpertPool
 from seqmoe.runtime.kernels import relay as relay_kernels
 from seqmoe.runtime.eager.pregate import LivePregate
+from seqmoe.runtime.eager.twins import TwinStore
 from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.core.signals import shield_off, shield_on
@@ -117,6 +119,7 @@ def measure_profile(model: torch.nn.Module, arch: ModelArch, layout: ExpertLayou
     name = getattr(model.config, "model_type", type(model).__name__)
     return ModelProfile(name=f"{name} (measured)", num_layers=len(layers), num_experts=layers[0].num_experts,
                         top_k=layers[0].top_k, expert_bytes=layout.expert_bytes,
+                        expert_params=getattr(layout, "base", layout).numel,
                         layer_bytes=int(round(sum(per_layer) / len(per_layer))), token_bytes=max(int(token), 0),
                         source="parameter bytes of the loaded model (seqmoe.runtime)")
 
@@ -200,7 +203,7 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
         [m.router for m in layers], train.pregate_logits.shape[2], E, K)
     sys_obj = build_system(cfg.system, SystemInputs(train=train or dims, test=replay or dims, capacity=C,
                                                     start=tuple(start), predictor=predictor, pregate=pregate),
-                           cfg.miss_with(control))
+                           cfg.miss_with(control), check_twin(cfg.twin, cfg.twin_budget))
     measure = cfg.hardware == MEASURED or (cfg.hardware is None and _on_host_cpu(sys_obj))
     if measure and (cfg.bandwidth is not None or cfg.emulate_link):
         raise UserError(f"a measured cost model takes its link from this machine (system {cfg.system!r} with miss "
@@ -214,7 +217,7 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
         # Every expert is resident for good: no prefetch, load or eviction can happen, so the counts
         # are the same without the forecaster and the scheduler, and with any eviction policy (LRU's
         # bookkeeping is the cheapest); skip their per-layer work.
-        sys_obj = dataclasses.replace(sys_obj, policy=LRUPolicy(), predictor=None, prefetcher=None)
+        sys_obj = dataclasses.replace(sys_obj, policy=LRUPolicy(), predictor=None, prefetcher=None, twin=None)
     if not isinstance(sys_obj.predictor, (HybridPredictor, PregatePredictor)):
         pregate = None  # nothing reads it: the router hooks keep no input
     elif control != "inline":
@@ -275,9 +278,14 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
     layers, C, hw = arch.moe, plan.capacity, plan.hardware
     L, E, K = len(layers), arch.num_experts, arch.top_k
     with Undo() as undo:
+        twin = plan.system.twin
+        twins = None if twin is None else TwinStore.pack(
+            originals, QuantLayout.of(getattr(layout, "base", layout), twin.precision), device)
         hosts, kept = _pack(originals, layout, device, undo)
         move_model(model, device, undo)  # the dense remainder only: the routed experts are already out
         mp = measure_profile(model, arch, layout)
+        if twins is not None and emulate_link:
+            twins.link_s = copy_time_s(mp.at_precision(twin.precision), hw)
         fence = ReadFence(device) if plan.control == "thread" else None
         pool = ExpertPool(hosts, C, device, slots=allocate_slots(C, layout, device, L * E), fence=fence,
                           link_s=copy_time_s(mp, hw) if emulate_link else None)
@@ -311,7 +319,7 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
                                               on_stop=controller.relay.abort if controller.relay is not None else None)
             undo.push(controller.thread.close)
         for l, (m, orig) in enumerate(zip(layers, originals)):
-            setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller, host))
+            setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller, host, twins))
             undo.push(lambda m=m, orig=orig: setattr(m.block, m.experts_attr, orig))
         hooks = install_hooks(controller, model, [m.router for m in layers])
         undo.push(lambda: [h.remove() for h in hooks])
@@ -319,7 +327,7 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         undo.push(shield_off)
         return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
                               system=cfg.system, residency=cfg.residency or C / (L * E), start=plan.start, model_profile=mp,
-                              hardware=hw, host=host,
+                              hardware=hw, host=host, twins=twins,
                               expert_dtype=cfg.expert_dtype or str(layout.compute_dtype).removeprefix("torch."))
 
 

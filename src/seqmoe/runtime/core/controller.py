@@ -117,6 +117,7 @@ class Controller(PostedSteps):
         self._mid_token = False  # the driver got a token_start and not yet its last layer_end
         self.abandoned = 0  # tokens the state machine saw in part (a forward cut short)
         self._on_host: set[int] = set()  # uids the manager sent to the host CPU at the current reveal
+        self._twins: set[int] = set()  # uids the manager gave to their low-bit twins at the current reveal
         self.relay = None  # posted.host_relay.HostRelay: the host CPU path of posted decode steps
         self.pregate = None  # eager.pregate.LivePregate, when the system fuses pre-gating
 
@@ -147,13 +148,14 @@ class Controller(PostedSteps):
         elif path == "twin":
             self._twins.add(uid)
 
-    def host_experts(self, layer: int) -> frozenset[int]:
-        """The expert ids of `layer` that the manager sent to the host CPU for the decode position
-        being computed inline (empty otherwise: a prompt forward computes every expert where it is)."""
-        if not self._on_host or self._forward is None or len(self._forward[2]) != 1:
-            return frozenset()
+    def off_pool_experts(self, layer: int) -> tuple[frozenset[int], frozenset[int]]:
+        """(the expert ids of `layer` the manager sent to the host CPU, those it gave to their twins)
+        for the decode position being computed inline (empty otherwise: a prompt forward computes
+        every expert where it is)."""
+        if not (self._on_host or self._twins) or self._forward is None or len(self._forward[2]) != 1:
+            return frozenset(), frozenset()
         base = layer * self.E
-        return frozenset(u - base for u in self._on_host if base <= u < base + self.E)
+        return tuple(frozenset(u - base for u in s if base <= u < base + self.E) for s in (self._on_host, self._twins))
 
     # -- routing events (model hooks) ------------------------------------------------------------------
     def begin_forward(self, tokens: list[int | None], new_request: bool) -> None:
@@ -178,10 +180,11 @@ class Controller(PostedSteps):
             buf_ids[:, layer], buf_w[:, layer] = ids, weights
             self._next_layer = layer + 1
             self._on_host.clear()
+            self._twins.clear()
             if self._shape[0] == 1:
                 if layer == 0:
                     self._token_start(tokens[0])
-                self.driver.reveal(layer, buf_ids[0, layer])
+                self.driver.reveal(layer, buf_ids[0, layer], weights=buf_w[0, layer])
 
     def experts_done(self, layer: int) -> None:
         """Layer `layer`'s experts finished computing."""
@@ -206,7 +209,7 @@ class Controller(PostedSteps):
                 with critical():  # one position at a time: a long prompt's replay stays interruptible
                     self._token_start(tokens[done], new_request=self._new_request and done == 0)
                     for l in range(self.L):
-                        self.driver.reveal(l, ids[done, l])
+                        self.driver.reveal(l, ids[done, l], weights=weights[done, l])
                         self._layer_end(l)
                     done += 1
         finally:

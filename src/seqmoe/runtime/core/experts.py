@@ -38,12 +38,13 @@ class OffloadedExperts(torch.nn.Module):
         control: the `Controller`: `experts_done(layer)` once the experts have computed (the
             control plane's layer end); `posting` tells a decode step that posts its routing.
         host: the `HostExecutor` when misses may be computed on the host CPU, else None.
+        twins: the `eager.twins.TwinStore` of the twin miss path, else None.
 
     `host_s` accumulates the seconds spent here outside the original forward and the gathers (and
     in `done`); `gather_s` the seconds of the gathers (data plane: copies of the routed rows).
     """
 
-    def __init__(self, original: torch.nn.Module, layer: int, layout, pool, control, host=None) -> None:
+    def __init__(self, original: torch.nn.Module, layer: int, layout, pool, control, host=None, twins=None) -> None:
         from seqmoe.runtime.eager.experts import eager_forward
         from seqmoe.runtime.posted.experts import posted_forward
 
@@ -56,6 +57,7 @@ class OffloadedExperts(torch.nn.Module):
         self.num_experts = int(original.num_experts)
         self.control = control
         self.host = host
+        object.__setattr__(self, "twins", twins)  # not a submodule: shared by every layer
         self.host_clone = host.clone(original) if host is not None else None  # the host executor's copy of `original`
         self.done = control.experts_done
         object.__setattr__(self, "counts", Counts())  # plain object: hot-path updates skip Module.__setattr__
