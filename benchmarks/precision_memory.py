@@ -22,24 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from puffin_split import add_shared_flag, puffin_split
+from puffin_split import add_shared_flag, mixtral_split, puffin_split
 from seqmoe.config import SimConfig
 from seqmoe.profiles import get_model_profile
 from seqmoe.sim.run import load_workload, run_sweep
-from seqmoe.trace.io import load_trace
 
 PRECISIONS = (None, "int8", "fp8", "int4")
 SYSTEMS = ("on-demand-lru", "seqmoe")
 MISSES = ("copy", "auto")
-
-
-def _mixtral(shared: str):
-    folder = Path(shared) / "data/traces/mixtral8x7b-speculative-moe/routing_data_collected"
-    if not folder.is_dir():
-        return None
-    trace = load_trace(folder)
-    R = trace.num_requests
-    return trace.select_requests(np.arange(R - 2)), trace.select_requests(np.arange(R - 2, R))
 
 
 def _rows(name: str, profile: str, split, max_tokens: int | None) -> list[dict]:
@@ -80,7 +70,7 @@ def main() -> int:
     args = p.parse_args()
     rows = []
     for name, profile, split in (("DeepSeek-V2-Lite", "deepseek-v2-lite", puffin_split(args.shared)),
-                                 ("Mixtral-8x7B", "mixtral-8x7b", _mixtral(args.shared))):
+                                 ("Mixtral-8x7B", "mixtral-8x7b", mixtral_split(args.shared))):
         if split is None:
             continue
         part = _rows(name, profile, split, args.max_tokens or None)

@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--residency", type=float, default=0.25)
     p.add_argument("--system", default="on-demand-lru")
     p.add_argument("--miss", default="copy", help="the miss path of the misses no twin serves")
-    p.add_argument("--plot", help="write the time-against-perplexity curves here (.png)")
+    p.add_argument("--plot", help="write the time-against-KL curves here (.png)")
     p.add_argument("--out", help="JSON file of the rows")
     args = p.parse_args(argv)
 
@@ -113,12 +113,12 @@ def _plot(rows, path: str) -> None:
     fig, ax = plt.subplots(figsize=(5.5, 3.8))
     for twin in dict.fromkeys(r["twin"] for r in rows):
         mine = [r for r in rows if r["twin"] == twin]
-        x = [100 * r["perplexity_change"] for r in mine]
+        x = [r["mean_kl"] for r in mine]
         y = [-100 * r["time_change"] for r in mine]
         ax.plot(x, y, "o-", label=f"{twin} twin")
         for r, xi, yi in zip(mine, x, y):
             ax.annotate(f"{r['twin_budget']:g}", (xi, yi), textcoords="offset points", xytext=(4, -10), fontsize=8)
-    ax.set_xlabel("perplexity change against full load (%)")
+    ax.set_xlabel("mean KL from the full model's next-token distribution (nats)")
     ax.set_ylabel("decode time saved against no twin (%)")
     ax.set_title(f"twin miss path, seqmoe-tiny, {rows[0]['system']} r={rows[0]['residency']:g} miss={rows[0]['miss']} "
                  "(labels: budget)", fontsize=9)

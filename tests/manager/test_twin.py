@@ -30,11 +30,10 @@ def _with_gates(trace, seed: int):
 def test_pick_twins_takes_the_smallest_weights_while_the_budget_holds():
     missing = np.array([True, False, True, True])
     weights = np.array([0.3, 0.05, 0.2, 0.5])
-    mask, spent = pick_twins(missing, weights, 0.55)
-    assert mask.tolist() == [True, False, True, False] and spent == pytest.approx(0.5)
-    assert pick_twins(missing, weights, 0.19)[0].tolist() == [False] * 4  # the smallest miss alone is over
-    assert pick_twins(missing, weights, np.inf)[0].tolist() == [True, False, True, True]  # hits never
-    assert pick_twins(np.zeros(4, bool), weights, np.inf) == (pytest.approx(np.zeros(4, bool)), 0.0)
+    assert pick_twins(missing, weights, 0.55).tolist() == [True, False, True, False]
+    assert pick_twins(missing, weights, 0.19).tolist() == [False] * 4  # the smallest miss alone is over
+    assert pick_twins(missing, weights, np.inf).tolist() == [True, False, True, True]  # hits never
+    assert not pick_twins(np.zeros(4, bool), weights, np.inf).any()
 
 
 def test_check_twin_explains_bad_values():
@@ -49,11 +48,11 @@ def test_check_twin_explains_bad_values():
 HOST_HW = dataclasses.replace(tiny_hardware(3e9), host_memory_bytes_per_s=5e9, host_cores=8)
 
 
-def _manager(twin, capacity=3, system="on-demand-lru", model=None, compiled=False):
+def _manager(twin, capacity=3, system="on-demand-lru", model=None, compiled=False, miss="copy", hw=None):
     trace = make_trace(num_tokens=4, num_layers=1, num_experts=8, top_k=3)
     inputs = SystemInputs(train=trace, test=trace, capacity=capacity, start=())
-    hw = tiny_hardware() if system != "cpu-all" else HOST_HW
-    return build_manager(build_system(system, inputs, "copy", twin), model=model or tiny_model(trace),
+    hw = hw or (tiny_hardware() if system != "cpu-all" else HOST_HW)
+    return build_manager(build_system(system, inputs, miss, twin), model=model or tiny_model(trace),
                          hardware=hw, capacity=capacity, start=[], compiled=compiled)
 
 
@@ -79,6 +78,21 @@ def test_a_twin_read_holds_the_link_for_the_twins_bytes_and_takes_no_slot(compil
     d.layer_end(0)
     c = d.finish()
     assert (c.twin, c.copies) == (2, 4)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("host_bw,twins", [(1e12, 0), (1e8, 1)])
+def test_where_the_host_cpu_would_finish_first_the_miss_goes_there_unspent(compiled, host_bw, twins):
+    """miss="auto": the twin-eligible miss (weight 0.2) goes to a host CPU faster than its twin read,
+    keeping the budget; a slow host leaves it to the twin."""
+    hw = dataclasses.replace(tiny_hardware(), host_memory_bytes_per_s=host_bw, host_cores=64)
+    m = _manager(Twin("int4", 0.25), compiled=compiled, miss="auto", hw=hw)
+    d = Driver(m)
+    d.token_start(None, True)
+    d.reveal(0, np.array([0, 1, 2]), weights=np.array([0.5, 0.2, 0.3]))
+    c = d.counts()
+    assert (c.twin, c.twin_weight) == (twins, pytest.approx(0.2 * twins))
+    assert c.host >= 1 - twins
 
 
 def test_a_twin_must_be_smaller_than_the_store_and_needs_weights():

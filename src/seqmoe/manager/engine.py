@@ -129,9 +129,12 @@ class CopyEngine:
                 out[uid] = t
         return out
 
-    def next_demand_end(self, now: float) -> float:
-        """When a demand queued now would finish: behind the running copy and the queued demands."""
+    def next_demand_end(self, now: float, twin: bool = False) -> float:
+        """When a demand copy (a twin read when `twin`) queued now would finish: behind the running
+        copy and the queued demands."""
         live = [uid for seq, uid in self._demand if self._queued.get(uid) == seq]
+        if twin:
+            return max(self.free_at, now) + self._span(live) + self.twin_time_s
         return max(self.free_at, now) + self._span(live, 1)
 
     def backlog_end(self, now: float) -> float:

@@ -16,8 +16,10 @@ gate weight is small is served by reading its twin over the link for this one ac
 bytes than any path above that crosses the link; no slot, no eviction, so no later hit carries the
 twin's error). Each token has `Twin.budget` of gate weight to spend over its MoE layers; at each
 layer its misses are taken cheapest first (smallest gate weight) while the token's budget holds
-(`pick_twins`), as cache-aware routing spends its KL budget. The bound below assumes full-size
-transfers, so a run with twins reports none.
+(`pick_twins`), as cache-aware routing spends its KL budget. Where misses may go to the host CPU
+(`miss` cpu or auto) a miss so taken still goes there when the CPU would finish it before its twin
+read (`twin_waits_for_cpu`: the CPU's answer is exact), and its weight stays unspent. The bound
+below assumes full-size transfers, so a run with twins reports none.
 
 The bound on time (`paths_bound_time_s`; stated in docs/DESIGN.md, "Bound with miss paths"):
     bound = min over m_c = 0..A of max(F0 + e (A - m_c), c ceil(R / 2), h m_c),  R = max(0, N_opt - 2 m_c)
@@ -73,16 +75,22 @@ def check_twin(precision: str | None, budget: float | None) -> Twin | None:
     return Twin(precision, float(budget))
 
 
-def pick_twins(missing: np.ndarray, weights: np.ndarray, left: float) -> tuple[np.ndarray, float]:
-    """([K] bool: the layer's misses its twins serve, the gate weight they spend): misses (`missing`)
-    taken smallest `weights` first while their sum stays within `left`, the token's budget left."""
+def pick_twins(missing: np.ndarray, weights: np.ndarray, left: float) -> np.ndarray:
+    """[K] bool: the layer's misses its twins may serve: misses (`missing`) taken smallest `weights`
+    first while their sum stays within `left`, the token's budget left."""
     w = np.where(missing, np.asarray(weights, dtype=np.float64), np.inf)
     order = np.argsort(w, kind="stable")
     spent = np.cumsum(w[order])
     n = min(int(np.searchsorted(spent, left, side="right")), int(np.count_nonzero(missing)))
     mask = np.zeros(len(w), dtype=bool)
     mask[order[:n]] = True
-    return mask, float(spent[n - 1]) if n else 0.0
+    return mask
+
+
+def twin_waits_for_cpu(m, now: float) -> bool:
+    """Memory manager `m` (its `miss` cpu or auto) would have the host CPU finish an expert handed
+    over at `now` before a twin read queued now ends on the link."""
+    return m.miss in ("cpu", "auto") and m.lane is not None and m.lane.next_end(now) < m.engine.next_demand_end(now, True)
 
 
 def paths_bound_time_s(*, full_load_time_s: float, activations: int, per_expert_s: float, copy_time_s: float,

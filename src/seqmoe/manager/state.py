@@ -27,7 +27,7 @@ from seqmoe.errors import UserError
 from seqmoe.manager.counts import SimCounts
 from seqmoe.host_cost import host_expert_time_s
 from seqmoe.manager.engine import CopyEngine, HostLane, in_place_key, twin_key
-from seqmoe.manager.miss_paths import Twin, auto_path, check_miss, pick_twins
+from seqmoe.manager.miss_paths import Twin, auto_path, check_miss, pick_twins, twin_waits_for_cpu
 from seqmoe.manager.placement import check_capacity
 from seqmoe.predict.base import Predictor
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_times_s, token_overhead_s
@@ -352,15 +352,16 @@ class MemoryManager(ManagerBase):
             self._check_weights(weights)
             missing = np.array([not present[u] for u in needed])
             if missing.any():
-                twins, spent = pick_twins(missing, weights, self._twin_left)
-                self._twin_left -= spent
-                c.twin += int(np.count_nonzero(twins))
-                c.twin_weight += spent
+                twins = pick_twins(missing, weights, self._twin_left)
         for i, uid in enumerate(needed):
             if present[uid]:
                 continue
             c.misses += 1
-            if twins is not None and twins[i]:
+            if twins is not None and twins[i] and not twin_waits_for_cpu(self, reveal):
+                w = float(weights[i])
+                self._twin_left -= w
+                c.twin += 1
+                c.twin_weight += w
                 key = twin_key(uid, len(present))
                 engine.demand(key, reveal)
                 waiting.append(key)

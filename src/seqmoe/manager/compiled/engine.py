@@ -272,8 +272,9 @@ def demand_finish_times(I, F, S, G, DQ):
 
 
 @jit
-def next_demand_end(I, S, G, DQ, now):
-    """When a demand queued now would finish: behind the running copy and the queued demands."""
+def next_demand_end(I, S, G, DQ, now, twin=False):
+    """When a demand copy (a twin read when `twin`) queued now would finish: behind the running copy
+    and the queued demands."""
     cap, queued, twins = DQ.shape[1], 0, 0
     for j in range(S[DQ_LEN]):
         r = (S[DQ_HEAD] + j) % cap
@@ -281,6 +282,8 @@ def next_demand_end(I, S, G, DQ, now):
         if uid < 0 or I[QSEQ, uid] == DQ[0, r]:
             queued += 1
             twins += is_twin(S, uid)
+    if twin:
+        return max(G[FREE_AT], now) + span(S, G, queued, twins, 0) + G[TWIN_S]
     return max(G[FREE_AT], now) + span(S, G, queued, twins, 1)
 
 

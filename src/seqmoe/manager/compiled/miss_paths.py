@@ -53,25 +53,33 @@ def choose(I, F, S, G, DQ, TAB, DISC, u, now):
 
 
 @jit
-def pick_twins(I, S, G, needed, weights):
-    """[K] bool: the misses of `needed` their twins serve, smallest `weights` first within G[TWIN_LEFT]
-    (`seqmoe.manager.miss_paths.pick_twins`, the same sums in the same order), the budget spent."""
+def pick_twins(I, G, needed, weights):
+    """[K] bool: the misses of `needed` their twins may serve, smallest `weights` first while their
+    sum stays within G[TWIN_LEFT] (`seqmoe.manager.miss_paths.pick_twins`, the same sums in the same order)."""
     twins = np.zeros(len(needed), dtype=np.bool_)
-    spent, n = 0.0, 0
+    spent = 0.0
     while True:
         best = -1
         for i in range(len(needed)):
             if not twins[i] and not I[PRESENT, needed[i]] and (best < 0 or weights[i] < weights[best]):
                 best = i
         if best < 0 or spent + weights[best] > G[TWIN_LEFT]:
-            break
+            return twins
         spent += weights[best]
         twins[best] = True
-        n += 1
-    G[TWIN_LEFT] -= spent
-    G[TWIN_W] += spent
-    S[TWINS] += n
-    return twins
+
+
+@jit
+def twin_serves(I, S, G, DQ, w, now):
+    """Whether a miss `pick_twins` marked, of gate weight `w`, reads its twin (unless the host CPU
+    would finish it first: `seqmoe.manager.miss_paths.twin_waits_for_cpu`); spends `w` when it does."""
+    if S[MISS] == MISS_CPU or S[MISS] == MISS_AUTO:
+        if max(G[LANE_FREE], now) + G[HOST_S] < engine.next_demand_end(I, S, G, DQ, now, True):
+            return False
+    G[TWIN_LEFT] -= w
+    G[TWIN_W] += w
+    S[TWINS] += 1
+    return True
 
 
 @jit

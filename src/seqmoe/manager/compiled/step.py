@@ -89,10 +89,10 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, re
             S[READY] += 1
         I[UNUSED_PF, u] = 0
         policy_access(I, F, S, u, step)
-    twins = miss_paths.pick_twins(I, S, G, needed, weights) if len(weights) else np.zeros(len(needed), np.bool_)
+    twins = miss_paths.pick_twins(I, G, needed, weights) if len(weights) else np.zeros(len(needed), np.bool_)
     queue = np.empty(len(needed), dtype=np.int64)  # the forecast policy's demand victims, in order
     nq, qi, misses, reads = 0, 0, 0, 0
-    for i in range(len(needed)):  # the misses that take a slot or a path below (not a twin)
+    for i in range(len(needed)):  # the misses that take a slot (under MISS_COPY every twin marked reads)
         misses += not I[PRESENT, needed[i]] and not twins[i]
     for i in range(len(needed)):
         u = needed[i]
@@ -100,7 +100,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, re
             continue
         S[MISSES] += 1
         victim = -1
-        if twins[i]:
+        if twins[i] and miss_paths.twin_serves(I, S, G, DQ, weights[i], reveal):
             reads += miss_paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, PATH_TWIN, step, reveal)
             continue
         if S[MISS] != MISS_COPY:  # the miss paths (`seqmoe.manager.miss_paths`)
