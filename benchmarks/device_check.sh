@@ -15,7 +15,8 @@
 # path's exactness on CUDA (inline, and in posted steps, eager and captured), and the real-size DeepSeek harness
 # with its captured decode step (control thread) with every miss copied, chosen per miss, and cpu-all.
 # Quantized experts of issue 25 (QUANT=1 CHECKS=0 CPU_SUITE=0, about 2 minutes, no carry): their tests on
-# CUDA (captured steps against the quantized full model) and generate with a byte budget per precision.
+# CUDA (captured steps, int8/int4 through the dequantizing gather, against the quantized full model) and
+# generate with a byte budget per precision.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device}

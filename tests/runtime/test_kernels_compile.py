@@ -58,3 +58,12 @@ def test_the_gather_and_mailbox_kernels_compile_for_sm90():
 def test_the_cache_aware_routing_kernel_compiles_for_sm90():
     _ptx(rerouting_kernels._build(), "logits:*fp32 weights:*bf16 ids:*i64 assigned:*u8 table:*i32 state:*fp64 "
          "counts:*fp64 out_w:*bf16 out_ids:*i64 layer:i32 E:i32 K:i32", {"BE": 64, "BK": 8})
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_the_dequantizing_gather_compiles_for_sm90_and_rounds_to_nearest(mode):
+    """int8 (0), int4 (1) and raw (2) parts into bf16 weights; the float32 product is rounded to
+    bf16 to nearest even, as torch's `.to(torch.bfloat16)` does."""
+    ptx = _ptx(mapped_kernels.build()["dequant_gather"], "pool:*u8 host:*u8 slots:*i32 ids:*i64 out:*bf16 B:i32 "
+               "offset:i32 code_bytes:i32 numel:i32", {"MODE": mode, "GROUP": 64, "BLOCK": 1024})
+    assert mode == 2 or "cvt.rn.bf16.f32" in ptx or "cvt.rn.bf16x2.f32" in ptx

@@ -127,8 +127,9 @@ def test_decode_graph_reads_quantized_rows_like_the_quantized_full_model():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("precision", ["int8", "int4", "fp8"])
 def test_a_captured_cuda_step_reads_quantized_rows(precision):
-    """On CUDA: the gather kernel moves the store's bytes, the step dequantizes them inside the graph;
-    greedy tokens equal the quantized full model's on the same device."""
+    """On CUDA, inside the graph: int8 and int4 rows are read and dequantized by one kernel per
+    parameter (`gather_dequantized`), fp8 rows gathered and dequantized by torch ops; greedy tokens
+    equal the quantized full model's on the same device."""
     from seqmoe.runtime import DecodeGraph
     from tests.runtime.conftest import PROMPT
 

@@ -63,6 +63,42 @@ def check_quantized_gather(k: dict) -> None:
     assert all(torch.equal(a, b) for a, b in zip(layout.views(got).values(), layout.views(host[ids]).values()))
 
 
+def check_dequant_gather() -> None:
+    """`gather_dequantized` (one kernel per parameter: codes and scales read from the slot or the host
+    row) gives what `QuantLayout.views` gives of the gathered rows: int8 and int4 codes, raw vectors
+    (GPT-OSS's biases), a skipped position as zeros; bit for bit in float32. In bfloat16 within one
+    bf16 step: the interpreter casts float32 to bfloat16 by truncation, where the GPU rounds to nearest
+    even as torch does (test_kernels_compile checks the PTX's cvt.rn)."""
+    from seqmoe.arch import model_arch
+    from seqmoe.arch.quant import QuantLayout
+    from tests.runtime.conftest import fresh
+
+    for arch_name, dtype in (("olmoe", torch.float32), ("gpt_oss", torch.float32), ("gpt_oss", torch.bfloat16)):
+        arch = model_arch(fresh(arch_name).to(dtype))
+        experts = arch.moe[0].experts
+        for precision in mapped.DEQUANT_MODES:
+            layout = QuantLayout.of(arch.layout(experts), precision)
+            host = torch.empty((experts.num_experts, layout.numel), dtype=torch.uint8)
+            layout.pack(experts, host)
+            pool = host[[2, 5]].clone()
+            table = torch.full((experts.num_experts,), -1, dtype=torch.int32)
+            table[5], table[2] = 1, 0
+            ids, skip = torch.tensor([5, 1, 2]), torch.tensor([False, False, True])
+            outs = {part.name: torch.empty((3, int(np.prod(part.shape))), dtype=dtype) for part in layout.parts}
+            reads, slots = torch.zeros(2, dtype=torch.int64), torch.empty(3, dtype=torch.int32)
+            got = mapped.gather_dequantized(pool, host, table, ids, layout, outs, reads, slots, skip)
+            want = layout.views(host[ids])
+            assert reads.tolist() == [1, 1], reads
+            for name, w in want.items():
+                w[2] = 0
+                assert got[name].dtype == dtype, (arch_name, precision, name)
+                if dtype == torch.float32:
+                    assert torch.equal(got[name], w), (arch_name, precision, name)
+                else:
+                    step = torch.finfo(torch.bfloat16).eps * w.float().abs().clamp(min=torch.finfo(torch.bfloat16).tiny)
+                    assert ((got[name].float() - w.float()).abs() <= step).all(), (arch_name, precision, name)
+
+
 def _posted(k: dict | None) -> tuple:
     fence = ReadFence(torch.device("cpu"))
     box = Mailbox(2, 3, torch.device("cpu"), fence, ring=4)
@@ -97,6 +133,7 @@ def main() -> None:
     k = mapped_kernels.build()
     check_resolve_and_gather(k)
     check_quantized_gather(k)
+    check_dequant_gather()
     check_warm(k)
     got, want = _posted(k), _posted(None)
     assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want)), (got, want)

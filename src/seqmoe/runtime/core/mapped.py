@@ -18,6 +18,10 @@ writes one layer's routing into the mailbox and acknowledges the table version
 (`seqmoe.runtime.kernels.mapped`; the gather reads only the chosen source of each row); elsewhere,
 or without triton, torch ops with the same result. Checked against each other on CUDA
 (tests/runtime/test_thread.py) and here under `TRITON_INTERPRET=1`.
+
+`gather_dequantized` is the gather for an int8 or int4 store: one kernel per parameter reads the
+codes and scales of each routed row from its slot or host row and writes the weights dequantized,
+the numbers `QuantLayout.views` gives of the gathered rows, with no pass over a gathered copy.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import torch
 
 from seqmoe.errors import UserError
+from seqmoe.precision import GROUP
 from seqmoe.runtime.kernels import mapped as mapped_kernels
 
 
@@ -82,6 +87,37 @@ def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids
     if skip is not None:
         out.masked_fill_(skip.unsqueeze(1), 0)
     return out
+
+
+DEQUANT_MODES = {"int8": 0, "int4": 1}
+"""Store precisions `gather_dequantized` reads (fp8 stores are gathered, then dequantized by torch ops)."""
+
+
+def dequantizes(layout, device: torch.device) -> bool:
+    """`gather_dequantized` serves rows of `layout` on `device` (CUDA with triton, an int8 or int4 store)."""
+    return (device.type == "cuda" and getattr(layout, "precision", None) in DEQUANT_MODES
+            and mapped_kernels.kernels() is not None)
+
+
+def gather_dequantized(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, layout,
+                       outs: dict[str, torch.Tensor], reads: torch.Tensor, slots: torch.Tensor,
+                       skip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """{name: [n, *shape]}: each parameter of the routed quantized rows (`layout`, a `QuantLayout`),
+    dequantized from the slot or the host row as `gather_rows` would pick it (zeros where `skip`),
+    written into `outs[name]` ([n, numel] of the compute dtype); reads counted as `gather_rows` does."""
+    k = mapped_kernels.kernels()
+    n = ids.shape[0]
+    k["resolve"][(1,)](table, ids, skip if skip is not None else ids, slots, reads, n,
+                       HAS_SKIP=skip is not None, BK=max(2, 1 << (n - 1).bit_length()))
+    mode, params = DEQUANT_MODES[layout.precision], {}
+    for part in layout.parts:
+        out = outs[part.name]
+        numel = out.shape[1]
+        k["dequant_gather"][(n, -(-numel // mapped_kernels.BLOCK))](
+            pool, host, slots, ids, out, layout.numel, part.offset, part.code_bytes, numel,
+            MODE=mode if part.code_bytes else 2, GROUP=GROUP, BLOCK=mapped_kernels.BLOCK)
+        params[part.name] = out.view(n, *part.shape)
+    return params
 
 
 def _resolve(table: torch.Tensor, ids: torch.Tensor, skip: torch.Tensor | None, slots: torch.Tensor,

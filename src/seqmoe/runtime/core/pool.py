@@ -39,6 +39,7 @@ real link would share its bandwidth between them).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -48,7 +49,7 @@ import torch
 
 from seqmoe.errors import UserError
 from seqmoe.runtime.posted.fence import ReadFence
-from seqmoe.runtime.core.mapped import device_view, gather_rows
+from seqmoe.runtime.core.mapped import dequantizes, device_view, gather_dequantized, gather_rows
 
 _NEAR = 16  # how far from its home slot `assign` looks for a free slot before taking any
 
@@ -91,6 +92,7 @@ class ExpertPool:
         self.assigned = device_view(assigned, device)
         self.device_reads = torch.zeros(2, dtype=torch.int64, device=device)  # (slot, host) reads of posted steps
         self._staging: torch.Tensor | None = None
+        self._dequant: dict[str, torch.Tensor] | None = None  # `gather_posted_params`' buffers
         self._slots_posted: torch.Tensor | None = None  # the K slots a posted gather resolved
         self.fence = fence
         self._reuse: list[tuple[int, int] | None] = [None] * capacity  # what a refill waits for (thread mode)
@@ -274,6 +276,21 @@ class ExpertPool:
         if self.link_s:  # a CPU pool: the missed rows were read in place over the emulated link
             time.sleep(int((self._slots_posted == -1).sum()) * self.link_s)
         return rows
+
+    def gather_posted_params(self, layer: int, ids: torch.Tensor, layout,
+                             skip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """`layout.views` of `gather_posted`'s rows: for an int8 or int4 store on CUDA read and
+        dequantized in one pass (`mapped.gather_dequantized`), into buffers shared by all layers."""
+        if not dequantizes(layout, self.device):
+            return layout.views(self.gather_posted(layer, ids, skip))
+        n = ids.shape[0]
+        if self._dequant is None or self._slots_posted is None or self._slots_posted.shape[0] != n:
+            self._dequant = {p.name: torch.empty((n, math.prod(p.shape)), dtype=layout.compute_dtype, device=self.device)
+                             for p in layout.parts}
+            self._slots_posted = torch.empty((n,), dtype=torch.int32, device=self.device)
+            self.peak_gathered = max(self.peak_gathered, n)
+        return gather_dequantized(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), layout,
+                                  self._dequant, self.device_reads, self._slots_posted, skip)
 
     def missing_row(self, layer: int) -> np.ndarray:
         """[E] bool: the experts of `layer` that hold no slot (neither published nor being copied in)."""

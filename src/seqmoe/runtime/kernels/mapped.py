@@ -1,7 +1,10 @@
 """The Triton kernels of a posted step over mapped host memory (`seqmoe.runtime.core.mapped`):
 `resolve` reads the K routed experts' slot-table entries (volatile: the host writes the table),
-`gather` copies each routed row from its slot or its host block, `post` writes one layer's routing
-into the mailbox and acknowledges the slot table's version (`posted.mailbox`, `posted.fence`).
+`gather` copies each routed row from its slot or its host block, `dequant_gather` reads one
+parameter of each routed quantized row (`seqmoe.arch.quant`: int8 or int4 codes and their float32
+scales, or a raw vector) from its slot or host block and writes it dequantized, `post` writes one
+layer's routing into the mailbox and acknowledges the slot table's version (`posted.mailbox`,
+`posted.fence`).
 `kernels()` builds them once; None without triton (torch ops then do the same, slower).
 """
 
@@ -62,6 +65,38 @@ def build() -> dict:
         else:  # skipped: nothing is read
             tl.store(out + row.to(tl.int64) * P + cols, tl.zeros((BLOCK,), tl.float32), mask=mask)
 
+    @triton.jit
+    def dequant_gather(pool, host, slots, ids, out, B, offset, code_bytes, numel, MODE: tl.constexpr,
+                       GROUP: tl.constexpr, BLOCK: tl.constexpr):
+        # out [K, numel]: the part at byte `offset` of each routed row [B] uint8, dequantized as
+        # `QuantLayout.views` does (codes x their group's scale in float32, then out's dtype).
+        # MODE 0: int8 codes, 1: int4 codes (two a byte, the even one low, +8), 2: raw values;
+        # GROUP: weights per scale.
+        row = tl.program_id(0)
+        j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = j < numel
+        e = tl.load(ids + row).to(tl.int64)
+        slot = tl.load(slots + row).to(tl.int64)
+        dst = out + row.to(tl.int64) * numel + j
+        if slot == -2:  # skipped: nothing is read
+            tl.store(dst, tl.zeros((BLOCK,), tl.float32).to(out.dtype.element_ty), mask=m)
+        else:
+            if slot >= 0:
+                src = pool + slot * B + offset
+            else:
+                src = host + e * B + offset
+            if MODE == 2:
+                vals = tl.load(src.to(tl.pointer_type(out.dtype.element_ty)) + j, mask=m)
+                tl.store(dst, vals, mask=m)
+            else:
+                if MODE == 0:
+                    q = tl.load(src + j, mask=m).to(tl.int8, bitcast=True).to(tl.float32)
+                else:
+                    byte = tl.load(src + j // 2, mask=m).to(tl.int32)
+                    q = (((byte >> ((j % 2) * 4)) & 15) - 8).to(tl.float32)
+                scale = tl.load((src + code_bytes).to(tl.pointer_type(tl.float32)) + j // GROUP, mask=m)
+                tl.store(dst, (q * scale).to(out.dtype.element_ty), mask=m)
+
     @triton.jit(do_not_specialize=["layer"])
     def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, K,
              HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr):
@@ -83,4 +118,4 @@ def build() -> dict:
             tl.atomic_xchg(acked, prev, sem="release", scope="sys")
             tl.store(snap, tl.load(version, volatile=True))
 
-    return {"resolve": resolve, "gather": gather, "post": post}
+    return {"resolve": resolve, "gather": gather, "dequant_gather": dequant_gather, "post": post}
