@@ -51,6 +51,15 @@ def tiny_hardware(h2d_bytes_per_s: float = 1e10, copy_overhead_s: float = 1e-5) 
                            hbm_bytes_per_s=1e12, device_memory_bytes=1 << 30)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache(tmp_path_factory):
+    """No test reads or writes the user's $SEQMOE_CACHE (the online forecaster writes there)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SEQMOE_CACHE", str(tmp_path_factory.mktemp("seqmoe-cache")))
+    yield
+    mp.undo()
+
+
 @pytest.fixture
 def trace() -> RoutingTrace:
     return make_trace()

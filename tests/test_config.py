@@ -35,7 +35,7 @@ RUNTIME_ONLY = [  # options bench-runtime does not take (it compares systems and
     (["--system", "nope"], "unknown system 'nope'"),
     (["--system", "belady"], "cannot run live"),
     (["--system", "affinity-style"], "learns from a routing trace"),
-    (["--system", "seqmoe"], "needs the seq2seq forecaster"),
+    (["--system", "seqmoe-hybrid"], "needs the seq2seq forecaster"),
     (["--routing", "cache-aware"], "needs its budget max_kl"),
     (["--hardware", "tpu-v9"], "unknown hardware profile 'tpu-v9'"),
     (["--bandwidth", "-1"], "bandwidth must be > 0"),

@@ -28,7 +28,10 @@ from seqmoe.profiles import HardwareProfile, get_hardware_profile
 from seqmoe.rerouting import ROUTINGS, check_routing
 
 DEFAULT_SYSTEM = "on-demand-lru"
-"""The system when none is named: the plain demand-paging baseline every comparison starts from."""
+"""The system of a replay when none is named: the plain demand-paging baseline every comparison starts from."""
+LIVE_SYSTEM = "seqmoe"
+"""The system of `offload`, `generate` and `serve` when none is named: seqmoe, its forecaster learned
+online when none is given (faster than on-demand-lru from a cold start, simulated and live: docs/RESULTS.md)."""
 COMPARED_SYSTEMS = (DEFAULT_SYSTEM, "seqmoe")
 """What the runtime benchmarks compare when not told otherwise."""
 DEFAULT_HARDWARE = "h100-pcie5"
@@ -76,7 +79,13 @@ class SimConfig:
     system: str = DEFAULT_SYSTEM
     """Memory-management system (see `seqmoe systems`)."""
     predictor: str | None = None
-    """Trained forecaster directory (`seqmoe train`) for the seqmoe systems; default: train one on --train (cached)."""
+    """Trained forecaster directory (`seqmoe train`) for the seqmoe systems; default: train one on --train
+    (cached), or with --online learn one from the replayed routing."""
+    online: bool = False
+    """Replay with no training data: every system starts from an empty pool, and the seqmoe systems learn
+    their forecaster from the replayed routing as the runtime does (`seqmoe.predict.online`)."""
+    window_tokens: int | None = None
+    """Also report hit rate and time per window of this many replayed tokens (`windows` in the JSON)."""
     miss: str = "copy"
     """How misses are served: copy (into a slot), in-place (read the host row over the link), cpu
     (compute on the host CPU; needs a hardware profile with a host) or auto (chosen per miss);
@@ -109,6 +118,15 @@ class SimConfig:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise UserError(f"--max-tokens must be at least 1, got {self.max_tokens}")
+        if self.window_tokens is not None and self.window_tokens < 1:
+            raise UserError(f"--window-tokens must be at least 1, got {self.window_tokens}")
+        if self.online and self.predictor is not None:
+            raise UserError("--online learns the forecaster from the replayed routing: drop --predictor")
+        if self.online:
+            spec = system_spec(self.system)
+            if (spec.learns and not spec.needs_predictor) or spec.needs_pregate:
+                raise UserError(f"system {self.system!r} learns from a training trace, which --online replays "
+                                "without; choose one that learns nothing or a seqmoe system")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -126,11 +144,12 @@ def check_live_system(system: str, *, train: bool, predictor: bool, replay: bool
     if spec.reads_future and not replay:
         raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: "
                         f"{', '.join(live)}")
-    if spec.needs_predictor and not (predictor or train):
+    if spec.needs_pregate and not (predictor or train):
         raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor= (--predictor DIR: a "
                         "checkpoint of `seqmoe train` on a trace of this model), or train= (--train TRACE) to train "
                         "one on")
-    if (spec.learns or spec.needs_pregate) and not train:
+    # The other seqmoe systems learn their forecaster online without a predictor or a trace.
+    if ((spec.learns and not spec.needs_predictor) or spec.needs_pregate) and not train:
         raise UserError(f"system {system!r} learns from a routing trace of this model: pass train= (--train TRACE, "
                         "from `seqmoe trace collect`), or choose one of: " + ", ".join(live_systems(with_train=False)))
 
@@ -152,7 +171,7 @@ class OffloadConfig:
     every expert is quantized once at offload, and host rows, copies, slots and reads carry the
     quantized bytes; default: the model's dtype. restore() gives the experts back at this precision
     (what seqmoe.quantize_experts gives)."""
-    system: str = DEFAULT_SYSTEM
+    system: str = LIVE_SYSTEM
     """Memory-management system (see `seqmoe systems`; oracles cannot run live)."""
     miss: str | None = None
     """How a missed expert is served: copy (into a slot), in-place (read from host memory), cpu (computed
@@ -190,8 +209,10 @@ class OffloadConfig:
     affinity-style; without it the pool starts empty): a file, or a RoutingTrace (library)."""
     predictor: str | os.PathLike | object | None = field(default=None, metadata={"metavar": "DIR"})
     """Forecaster checkpoint of the seqmoe systems (`seqmoe train`), or a SeqPredictor (library); fed each
-    position's input token id, ignored by the other systems. The commands train one on --train once
-    (cached) when it is not given; `offload` needs it."""
+    position's input token id, ignored by the other systems. Without it the forecaster is learned
+    online from the routing served, starting from what this model learned before ($SEQMOE_CACHE)."""
+    learn: bool = field(default=True, metadata={CLI: False})
+    """A forecaster learned online keeps learning (False: it stays as it starts; benchmarks)."""
     emulate_link: bool = field(default=False, metadata={CLI: False})
     """CPU only: every expert row crossing the link (a copy, or a missed row read in place) costs one copy
     time of the cost model, and a miss waits for its copy (benchmarks; needs a profile, not measured)."""

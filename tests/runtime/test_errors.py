@@ -28,7 +28,7 @@ def test_import_seqmoe_does_not_import_torch():
     (dict(residency=1.5), r"residency must be in \(0, 1\]"),
     (dict(system="belady"), r"cannot run live"),
     (dict(system="oracle-prefetch"), r"cannot run live"),
-    (dict(system="seqmoe"), r"seq2seq forecaster"),
+    (dict(system="seqmoe-hybrid"), r"seq2seq forecaster"),
     (dict(system="affinity-style"), r"pass train="),
     (dict(system="nope"), r"unknown system"),
     (dict(hardware="no-such-hw"), r"hardware"),

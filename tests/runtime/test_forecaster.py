@@ -90,8 +90,9 @@ def test_token_ids_reach_the_forecaster_as_simulate_passes_them(predictor_dir):
 
 def test_predictor_errors(predictor_dir, tmp_path):
     ref = reference("olmoe")
-    with pytest.raises(UserError, match="seq2seq forecaster"):
-        offload(fresh("olmoe"), 0.3, "seqmoe", train=ref.train)
+    rt = offload(fresh("olmoe"), 0.3, "seqmoe", train=ref.train)  # no forecaster given: one is learned online
+    assert rt.stats()["forecaster"]["source"] == "new"
+    rt.restore()
     with pytest.raises(UserError, match="no predictor folder"):
         offload(fresh("olmoe"), 0.3, "seqmoe", train=ref.train, predictor=tmp_path / "missing")
     with pytest.raises(UserError, match="training trace has L=3, E=8, K=2 but the model has"):
@@ -146,6 +147,8 @@ def test_generate_cli_runs_seqmoe_with_a_predictor(predictor_dir, tmp_path, caps
     assert args.func(args) == 0
     stats = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert stats["system"] == "seqmoe" and stats["generated_tokens"] == 4
-    args = parser.parse_args([a for a in argv if a not in ("--train", str(tmp_path / "train.safetensors"))])
-    with pytest.raises(UserError, match="--train TRACE"):
-        args.func(args)
+    drop = ("--train", str(tmp_path / "train.safetensors"), "--predictor", str(predictor_dir))
+    args = parser.parse_args([a for a in argv if a not in drop])  # neither: the forecaster is learned online
+    assert args.func(args) == 0
+    stats = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert stats["system"] == "seqmoe" and stats["forecaster"]["source"] == "new"

@@ -23,8 +23,10 @@ the speed of this CPU.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
+import os
 import tempfile
 import time
 
@@ -142,7 +144,7 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
 def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARED_RESIDENCIES, systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
                   link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None,
-                  config: OffloadConfig | None = None) -> dict:
+                  config: OffloadConfig | None = None, online: bool = False, cache: str | None = None) -> dict:
     """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
 
     Args:
@@ -161,6 +163,11 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
             each run sets its system, residency, training trace, forecaster and the cost model below.
             The host CPU's time per expert is that of this CPU's host path, measured at start
             (`costs`), held in the host executor.
+        online: a cold start: no training trace and no forecaster; every pool starts empty and the
+            `seqmoe*` systems learn their forecaster online from an empty cache (a new `$SEQMOE_CACHE`
+            each run); `config.learn=False` pauses that learning.
+        cache: with `online`, the `$SEQMOE_CACHE` every run shares instead (a warm start from what the
+            runs before learned).
 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
@@ -169,7 +176,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
     from seqmoe.collect import collect_trace
 
     for s in systems:  # a training trace and a forecaster are collected and trained when not given
-        check_live_system(s, train=True, predictor=True)
+        check_live_system(s, train=not online, predictor=not online)
     check_bench(new_tokens, repeats, link_ratio)
     if any(isinstance(p, str) for p in prompts) and tokenizer is None:
         raise UserError("text prompts need the model's tokenizer")
@@ -187,7 +194,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
         want = _timed_passes(quantize_experts(copy.deepcopy(model), config.expert_dtype), ids, new_tokens, 1)["tokens"]
     log(f"full load: {full['tokens_per_s']:.1f} tokens/s")
     expert_s = expert_layer_seconds(layers, lambda: greedy_decode(model, ids[0], new_tokens))
-    if train is None:
+    if train is None and not online:
         if tokenizer is None:
             raise UserError("without train= the bench collects a trace over text prompts: give a tokenizer")
         log(f"collecting a routing trace over {len(TRAIN_PROMPTS)} training prompts")
@@ -196,14 +203,24 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
     mp = measure_profile(model, arch, arch.layout(arch.moe[0].experts))  # what offload would measure
     host_s = model_host_expert_s(model)
     hw = measured_hardware(mp, full["wall_s"] / full["decode_tokens"], link_ratio * expert_s, host_s=host_s)
-    if any(ALL[s].needs_predictor for s in systems):
+    if any(ALL[s].needs_predictor for s in systems) and not online:
         predictor = _forecaster(train, predictor, predictor_minutes, log)
+    elif online:
+        train = predictor = None
     runs = []
     for system in systems:
         for r in residencies:
             pred = copy.deepcopy(predictor) if ALL[system].needs_predictor else None
             near = _timed_passes(model, ids, new_tokens, repeats)  # the full model again, right before: load drifts
-            rt = offload(model, r, system, config=config, train=train, predictor=pred, hardware=hw, emulate_link=True)
+            cold = tempfile.TemporaryDirectory() if online and cache is None else None
+            try:
+                with _cache_at(cold.name if cold is not None else cache):
+                    rt = offload(model, r, system, config=config, train=train, predictor=pred, hardware=hw,
+                                 emulate_link=True)
+            except BaseException:
+                if cold is not None:
+                    cold.cleanup()
+                raise
             try:
                 greedy_decode(model, ids[0], min(new_tokens, 4), rt)  # warm-up (counted in the stats)
                 res = _timed_passes(model, ids, new_tokens, repeats, rt)
@@ -211,6 +228,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
                 s = rt.stats()
             finally:
                 rt.restore()
+                if cold is not None:
+                    cold.cleanup()
             run = {"system": system, "residency": r, "capacity": s["capacity"], "miss": rt.miss, "control": rt.control,
                    "tokens_per_s": res["tokens_per_s"], "full_tokens_per_s": near["tokens_per_s"],
                    "vs_full": res["tokens_per_s"] / near["tokens_per_s"],
@@ -219,19 +238,37 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
                    "gather_us_per_token": 1e6 * res["gather_s"] / res["decode_tokens"],
                    **{k: s[k] for k in ("hit_rate", "ready_rate", "late_rate", "miss_rate", "prefetches",
                                         "wasted_copies", "copies", "skipped_copies", "decision_us_per_token",
-                                        "misses_in_place", "misses_cpu")}}
+                                        "misses_in_place", "misses_cpu", "forecaster")}}
             runs.append(run)
             log(f"{system} r={r}: {run['tokens_per_s']:.1f} tokens/s, hit rate {run['hit_rate']:.3f}")
     return {
         "model": str(getattr(model.config, "_name_or_path", "") or model.config.model_type),
         "new_tokens": new_tokens, "prompts": len(ids), "repeats": repeats, "threads": torch.get_num_threads(),
-        "train_tokens": train.num_tokens,
+        "train_tokens": 0 if train is None else train.num_tokens, "online": online,
         "link": {"ratio": link_ratio, "expert_layer_s": expert_s, "copy_s": link_ratio * expert_s,
                  "bytes_per_s": hw.h2d_bytes_per_s, "expert_bytes": mp.expert_bytes, "hbm_bytes_per_s": hw.hbm_bytes_per_s,
                  "host_expert_s": host_s},
         "full": {"tokens_per_s": full["tokens_per_s"], "decode_tokens": full["decode_tokens"]},
         "runs": runs,
     }
+
+
+@contextlib.contextmanager
+def _cache_at(folder):
+    """`$SEQMOE_CACHE` pointing at `folder` (None: unchanged) while offloading; the online learner's
+    process takes it with it."""
+    if folder is None:
+        yield
+        return
+    old = os.environ.get("SEQMOE_CACHE")
+    os.environ["SEQMOE_CACHE"] = str(folder)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("SEQMOE_CACHE", None)
+        else:
+            os.environ["SEQMOE_CACHE"] = old
 
 
 def format_table(result: dict) -> str:

@@ -74,6 +74,16 @@ class ForecastPolicy:
         reuse = fitted_reuse_table(train, tau, num_gap_classes, num_count_classes) if learned_reuse else None
         return cls(counts / train.num_tokens, num_layers=L, num_experts=E, tau=tau, reuse=reuse)
 
+    def set_prior(self, use_rate: np.ndarray, reuse: ReuseTable | None) -> None:
+        """A new prior beyond the horizon (use rates, reuse table) from now on, the rest of the state
+        kept: what an online learner refits (`seqmoe.predict.online`); answers computed before are void."""
+        q = np.clip(np.asarray(use_rate, dtype=np.float64).reshape(-1), 1e-6, 1.0)
+        r = np.exp(-self._L / self.tau)
+        self._geometric = q / (1.0 - (1.0 - q) * r)
+        self.reuse = reuse
+        self._classes, self._prior_key, self._prior_cache, self._cache_key = None, None, self._geometric, None
+        self._version += 1
+
     # -- EvictionPolicy ---------------------------------------------------------------------------
     def reset(self, resident: Sequence[int]) -> None:
         n = self._L * self._E

@@ -62,7 +62,11 @@ def add_config_flags(parser, cls, skip: tuple[str, ...] = (), defaults: dict | N
         shown = f.metadata.get(SHOWN_DEFAULT, default)
         suffix = "" if required or shown is None else f" (default: {shown})"
         help = (docs.get(f.name, "") + suffix).replace("%", "%%")  # argparse formats help with %
-        parser.add_argument("--" + f.name.replace("_", "-"), type=_flag_type(str(f.type)), default=default,
+        flag = "--" + f.name.replace("_", "-")
+        if str(f.type) == "bool":  # a switch, off by default
+            parser.add_argument(flag, action="store_true", help=docs.get(f.name, "").replace("%", "%%"))
+            continue
+        parser.add_argument(flag, type=_flag_type(str(f.type)), default=default,
                             required=required, metavar=f.metadata.get("metavar"), help=help)
 
 

@@ -78,6 +78,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--predictor-minutes", type=float, default=0.5, help="training time of that forecaster (default: 0.5)")
     b.add_argument("--link-ratio", type=float, default=1.0, help="one expert copy takes this many times one layer's "
                    "expert compute (default: 1)")
+    b.add_argument("--online", action="store_true", help="a cold start: no training trace and no forecaster; every "
+                   "pool starts empty and the seqmoe systems learn their forecaster online")
     b.add_argument("--out", metavar="FILE.jsonl", help="also append the JSON line to this file")
     b.set_defaults(func=run_bench)
 
@@ -141,6 +143,10 @@ def run_generate(args) -> int:
     host = stats["host_expert_s"]
     print(f"cost model: {runtime.hardware.name}: {1e6 * stats['copy_time_s']:.1f} us per expert copy"
           + (f", {1e6 * host:.1f} us per expert on the host CPU" if host is not None else ""))
+    fc = stats["forecaster"]
+    if fc is not None and fc["source"] != "given":
+        print(f"forecaster: learned online ({'from the cache' if fc['source'] == 'cache' else 'new'}), "
+              f"{fc['tokens_learned']} tokens learned, {fc['swaps']} swaps this run")
     if args.json:
         print(json.dumps(stats))
     return 0
@@ -156,7 +162,9 @@ def run_bench(args) -> int:
     for r in residencies:
         check_residency(r)
     for s in systems:  # the bench collects a training trace and trains a forecaster when none is given
-        check_live_system(s, train=True, predictor=True)
+        check_live_system(s, train=not args.online, predictor=not args.online)
+    if args.online and (args.train or args.predictor):
+        raise UserError("--online starts cold: drop --train and --predictor")
     check_bench(args.new_tokens, args.repeats, args.link_ratio)
     from seqmoe.bench.decode import PROMPTS, bench_runtime, format_table
     from seqmoe.collect import load_model
@@ -173,7 +181,7 @@ def run_bench(args) -> int:
     result = bench_runtime(model, tok, args.prompt or PROMPTS, residencies=residencies, systems=systems,
                            new_tokens=args.new_tokens, repeats=args.repeats, train=train, predictor=args.predictor,
                            link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log,
-                           config=base)
+                           config=base, online=args.online)
     result["model"] = str(load.model)
     print(format_table(result))
     line = json.dumps(result)

@@ -52,6 +52,8 @@ class SimCounts:
     """Host CPU seconds per expert (None: the profile describes no host)."""
     routing: dict | None = None
     """A replay's cache-aware routing stats (`seqmoe.rerouting`); None: exact routing."""
+    windows: list | None = None
+    """A replay's counts per window of tokens (`simulate(window_tokens=...)`); None: not asked."""
 
 
 def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = None) -> dict:
@@ -99,6 +101,7 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         "copy_time_s": c.copy_time_s,
         "host_expert_s": c.host_expert_s,
         **(c.routing or {}),
+        **({"windows": c.windows} if c.windows else {}),
     }
     if belady_misses is not None:
         bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)

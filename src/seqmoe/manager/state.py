@@ -144,6 +144,14 @@ class ManagerBase:
         if self.system.predictor is not None:
             self.system.predictor.begin_request()
 
+    def _new_prior(self):
+        """(use rates, reuse table) an online forecaster refitted at this token start, once; else None."""
+        pred = self.system.predictor
+        prior = getattr(pred, "new_prior", None)
+        if prior is not None:
+            pred.new_prior = None
+        return prior
+
 
 class MemoryManager(ManagerBase):
     """Slots, copy engine and counts of one run, decided by `system` (Python objects, any policy,
@@ -434,6 +442,9 @@ class MemoryManager(ManagerBase):
         t0 = time.perf_counter()
         if pred is not None:
             pred.begin_token(step, token_id)
+            prior = self._new_prior()
+            if prior is not None:
+                self.system.policy.set_prior(*prior)
         self._decide(None)
         self.c.decision_s += time.perf_counter() - t0
 

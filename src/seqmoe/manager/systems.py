@@ -50,7 +50,11 @@ class SystemInputs:
     start: tuple[int, ...]
     """The start placement every system shares."""
     predictor: object | None = None
-    """A trained `SeqPredictor` for the seqmoe systems (`seqmoe.predict.checkpoints.seq_predictor_for`)."""
+    """The seqmoe systems' forecaster: a trained `SeqPredictor` (`seqmoe.predict.checkpoints.seq_predictor_for`)
+    or an `OnlineForecaster` (`seqmoe.predict.online`)."""
+    prior: tuple | None = None
+    """Online: the seqmoe systems' prior beyond the forecast, (use rates [L * E], `ReuseTable` or None),
+    in place of the training trace's (`seqmoe.predict.online.cold_prior`); None: learned from `train`."""
     pregate: object | None = None
     """Pre-gate rows computed live (`seqmoe.runtime.eager.pregate.LivePregate`), in place of `test`'s recorded ones."""
 
@@ -264,10 +268,20 @@ class _Feeding:
         self.inner.plan(forecast, view)
 
 
+def _prior(inp: SystemInputs, cls=ForecastPolicy) -> ForecastPolicy:
+    """The seqmoe systems' eviction policy: its prior learned on the training trace, or (online) `inp.prior`."""
+    if inp.prior is None:
+        return cls.from_trace(inp.train)
+    t = inp.train
+    use_rate, reuse = inp.prior
+    return cls(use_rate, num_layers=t.num_layers, num_experts=t.num_experts, reuse=reuse)
+
+
 def _seq(inp: SystemInputs):
     """The system's own forecaster: the trained one, with the memory manager's forecast window."""
     if inp.predictor is None:
-        raise UserError("this system needs a trained forecaster: pass --predictor DIR (see `seqmoe train`)")
+        raise UserError("this system needs a forecaster: pass --predictor DIR (see `seqmoe train`), or let it "
+                        "learn online")
     predictor = inp.predictor.with_window(DEFAULT_WINDOW)
     predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
     return predictor
@@ -276,7 +290,7 @@ def _seq(inp: SystemInputs):
 @register_system("seqmoe", "seq2seq forecast, deadline-aware joint prefetch, probabilistic Belady eviction",
                  role="seqmoe", needs_predictor=True)
 def _seqmoe(inp: SystemInputs) -> System:
-    policy = ForecastPolicy.from_trace(inp.train)
+    policy = _prior(inp)
     return System("seqmoe", policy, _seq(inp), DeadlinePrefetcher(policy))
 
 
@@ -295,7 +309,7 @@ def _seqmoe_hybrid(inp: SystemInputs) -> System:
 @register_system("seqmoe-greedy-prefetch", "ablation: seqmoe with greedy threshold prefetch instead of deadline scheduling",
                  role="ablation", needs_predictor=True)
 def _seqmoe_greedy(inp: SystemInputs) -> System:
-    policy = ForecastPolicy.from_trace(inp.train)
+    policy = _prior(inp)
     return System("seqmoe-greedy-prefetch", policy, _seq(inp), _Feeding(policy, GreedyPrefetcher(min_prob=0.3)))
 
 
@@ -317,7 +331,7 @@ class _LRUVictims(ForecastPolicy):
 @register_system("seqmoe-lru-eviction", "ablation: seqmoe with LRU eviction instead of probabilistic Belady",
                  role="ablation", needs_predictor=True)
 def _seqmoe_lru(inp: SystemInputs) -> System:
-    policy = _LRUVictims.from_trace(inp.train)
+    policy = _prior(inp, _LRUVictims)
     return System("seqmoe-lru-eviction", policy, _seq(inp), DeadlinePrefetcher(policy))
 
 

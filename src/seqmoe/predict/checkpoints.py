@@ -1,9 +1,11 @@
-"""Find or train the seq2seq forecaster a replay needs.
+"""Find or train the seq2seq forecaster a replay needs, and find the one a model learned online.
 
     predictor = seq_predictor_for(cfg.predictor, train)   # a checkpoint dir, or None: train (cached)
+    weights, info = load_online(online_dir(key), config) or (None, {})
 
 Without a checkpoint the forecaster is trained on the training trace once and kept under
-`$SEQMOE_CACHE` (default `~/.cache/seqmoe`), keyed by a fingerprint of that trace.
+`$SEQMOE_CACHE` (default `~/.cache/seqmoe`), keyed by a fingerprint of that trace. A forecaster
+learned online (`seqmoe.predict.online`) is kept there too, keyed by the model's identity.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from seqmoe.errors import UserError
-from seqmoe.predict.seqmodel import SeqPredictor, load_seq_predictor
+from seqmoe.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor, load_seq_predictor
 from seqmoe.trace.schema import RoutingTrace
 
 
@@ -47,3 +50,29 @@ def seq_predictor_for(path: str | None, train: RoutingTrace, *, progress: bool =
               "(once, up to 15 minutes)", file=sys.stderr)
         train_seq_predictor(train, out, progress=progress)
     return load_seq_predictor(out)
+
+
+def online_dir(model_key: str) -> Path:
+    """Where the online forecaster of the model identified by `model_key` is kept."""
+    return cache_dir() / "online" / model_key
+
+
+def load_online(folder: Path, config: SeqConfig) -> tuple[dict, dict] | None:
+    """(weights, its `online` info: `tokens_learned`, `use_rate`) of the forecaster kept in `folder`, or
+    None when there is none; one that is corrupt or of another shape is warned about and ignored (the
+    next round overwrites it), never loaded."""
+    if not folder.exists():
+        return None
+    try:
+        pred = load_seq_predictor(folder)
+        info = pred.info.get("online")
+        if pred.config != config:
+            raise PredictorError(f"it is of another shape ({pred.config.to_dict()}, this model's: {config.to_dict()})")
+        LE = config.num_layers * config.num_experts
+        if not isinstance(info, dict) or len(info.get("use_rate", ())) != LE or \
+                not isinstance(info.get("tokens_learned"), int):
+            raise PredictorError("its online record (tokens learned, use rates) is missing or malformed")
+    except PredictorError as e:
+        warnings.warn(f"seqmoe: ignoring the cached forecaster at {folder}: {e}; a new one is learned", stacklevel=2)
+        return None
+    return pred.w, info

@@ -119,6 +119,16 @@ def bucket_table(trace: RoutingTrace, buckets: int) -> np.ndarray | None:
     return np.array([token_bucket(i, buckets) for i in range(int(trace.token_ids.max()) + 1)], dtype=np.int64)
 
 
+def bucket_of(token_id: int | None, table: np.ndarray | None, buckets: int) -> int:
+    """Bucket of a token id: through `table` (`bucket_table` of the trace's vocabulary) when given,
+    else the hash of the id; None or an id outside the table -> unknown (= buckets)."""
+    if token_id is None:
+        return buckets
+    if table is not None:
+        return int(table[token_id]) if 0 <= token_id < len(table) else buckets
+    return token_bucket(int(token_id), buckets)
+
+
 def trace_buckets(trace: RoutingTrace, buckets: int) -> np.ndarray:
     """[T] int64 token bucket of every token (all `buckets`, i.e. unknown, without token ids)."""
     table = bucket_table(trace, buckets)
@@ -183,6 +193,12 @@ class SeqPredictor:
         """Positions a `predict` covers at most: the rest of the token and the next one (2 L)."""
         return 2 * self.L
 
+    def set_weights(self, weights: dict[str, np.ndarray]) -> None:
+        """New weights of the same shapes, from the next token on (the state so far is kept); the
+        online learner's swap (`seqmoe.predict.online`), between tokens."""
+        self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+        self._obs = np.concatenate([self.w["q_part"], self.w["route_in"]], axis=1)
+
     def with_window(self, window: int | None) -> SeqPredictor:
         """A fresh predictor on the same weights with another forecast window (see the class)."""
         return SeqPredictor(self.config, self.w, self.info, window=window)
@@ -196,11 +212,7 @@ class SeqPredictor:
         self._table = bucket_table(trace, self.config.hash_buckets)
 
     def _bucket(self, token_id: int | None) -> int:
-        if token_id is None:
-            return self._unknown
-        if self._table is not None:
-            return int(self._table[token_id]) if 0 <= token_id < len(self._table) else self._unknown
-        return token_bucket(int(token_id), self.config.hash_buckets)
+        return bucket_of(token_id, self._table, self.config.hash_buckets)
 
     # -- Predictor protocol -----------------------------------------------------------------------
     def begin_request(self) -> None:

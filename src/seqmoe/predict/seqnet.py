@@ -95,7 +95,16 @@ class SeqNet(nn.Module):
 
     def export(self) -> dict[str, np.ndarray]:
         """Weights by the names `SeqPredictor` reads (PyTorch layout)."""
-        t = {
+        return {k: v.detach().cpu().numpy().astype(np.float32).copy() for k, v in self._named().items()}
+
+    def load_exported(self, weights: dict[str, np.ndarray]) -> None:
+        """Set every weight from `export`'s names and layout."""
+        with torch.no_grad():
+            for name, param in self._named().items():
+                param.copy_(torch.from_numpy(np.asarray(weights[name], dtype=np.float32)))
+
+    def _named(self) -> dict[str, torch.Tensor]:
+        return {
             "route_in": self.route_in, "tok_in": self.tok_in, "h0": self.h0,
             "gru_w_ih": self.gru.weight_ih, "gru_w_hh": self.gru.weight_hh,
             "gru_b_ih": self.gru.bias_ih, "gru_b_hh": self.gru.bias_hh,
@@ -103,4 +112,3 @@ class SeqNet(nn.Module):
             "q_layer": self.q_layer, "q_norm_w": self.q_norm.weight, "q_norm_b": self.q_norm.bias,
             "mlp_w": self.mlp.weight, "mlp_b": self.mlp.bias, "out_w": self.out.weight, "out_b": self.out.bias,
         }  # fmt: skip
-        return {k: v.detach().cpu().numpy().astype(np.float32).copy() for k, v in t.items()}

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from seqmoe.predict.evaluate import default_horizons
 from seqmoe.predict.seqmodel import PredictorError, SeqConfig, load_seq_predictor, save_checkpoint, trace_buckets
 from seqmoe.predict.seqnet import SeqNet
-from seqmoe.trace.schema import RoutingTrace
+from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 __all__ = ["load_seq_predictor", "train_seq_predictor"]
 
@@ -321,3 +321,48 @@ def _fit(train: RoutingTrace, args: dict, progress: bool, log) -> tuple[dict, Se
         "history": history,
     }  # fmt: skip
     return info, cfg, net.export()
+
+
+class OnlineTrainer:
+    """One network trained round after round, each round one pass over a snapshot of recent routing
+    (the online learner's work, `seqmoe.predict.online`). Deterministic: seeded, one torch thread.
+
+    Args:
+        cfg: the forecaster's architecture.
+        seed: seeds the initial weights, the stream shuffles and the query sampling.
+        weights: start from these (`SeqNet.export` names), else fresh.
+        lr: constant AdamW learning rate; the other arguments as `train_seq_predictor`'s.
+    """
+
+    def __init__(self, cfg: SeqConfig, *, seed: int = 0, weights: dict | None = None, lr: float = 1e-3,
+                 num_streams: int = 8, window: int = 32, queries_per_token: int = 2,
+                 unknown_prob: float = 0.2) -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = SeqNet(cfg)
+        if weights is not None:
+            self.net.load_exported(weights)
+        self.opt = torch.optim.AdamW(self.net.parameters(), lr=lr, weight_decay=1e-4)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, lambda i: 1.0)
+        self.rng, self.gen = np.random.default_rng(seed), torch.Generator().manual_seed(seed)
+        self.args = {"window": window, "queries_per_token": queries_per_token, "unknown_prob": unknown_prob,
+                     "num_streams": num_streams}
+
+    def round(self, ids: np.ndarray, buckets: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
+        """Train on one snapshot (`ids` [T, L, K], token `buckets` [T], `starts` [T]: a request opens);
+        the weights after it (`SeqNet.export`)."""
+        cfg = self.net.cfg
+        starts = starts.copy()
+        starts[0] = True
+        offsets = np.append(np.flatnonzero(starts), len(starts)).astype(np.int64)
+        trace = RoutingTrace(expert_ids=np.ascontiguousarray(ids, dtype=np.int16), request_offsets=offsets,
+                             meta=TraceMeta(model="online", num_experts=cfg.num_experts, source="online snapshot"))
+        streams = make_streams(trace, np.asarray(buckets, dtype=np.int64), np.arange(trace.num_requests),
+                               self.args["num_streams"], self.args["window"], self.rng)
+        before = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            _train_epoch(self.net, self.opt, self.sched, streams, self.args, self.gen, tqdm(disable=True), math.inf)
+        finally:
+            torch.set_num_threads(before)
+        return self.net.export()

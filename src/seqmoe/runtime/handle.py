@@ -21,16 +21,20 @@ from seqmoe.errors import UserError
 from seqmoe.manager import summarize
 from seqmoe.profiles import HardwareProfile, ModelProfile
 from seqmoe.runtime.core.experts import OffloadedExperts
+from seqmoe.predict.online import forecaster_stats
 from seqmoe.runtime.core.signals import deferred_interrupts, shield_off
 from seqmoe.trace.schema import RoutingTrace
 
-def _shutdown(thread, worker, host) -> None:
-    """Stop the runtime's threads (finalizer: the runtime and its model are gone, or the process exits)."""
+def _shutdown(thread, worker, host, learner) -> None:
+    """Stop the runtime's threads and its learner (finalizer: the runtime and its model are gone, or the
+    process exits)."""
     if thread is not None:
         thread.close()
     worker.close()
     if host is not None:
         host.close()
+    if learner is not None:
+        learner.close()
 
 
 class OffloadRuntime:
@@ -38,7 +42,7 @@ class OffloadRuntime:
 
     def __init__(self, model, layers, originals, layouts, kept, pool, worker, controller, hooks, *, system: str,
                  residency: float, start: list[int], model_profile: ModelProfile, hardware: HardwareProfile,
-                 expert_dtype: str, host=None, twins=None) -> None:
+                 expert_dtype: str, host=None, twins=None, learner=None) -> None:
         self.model, self._layers, self._originals, self._layouts = model, layers, originals, layouts
         self._kept = kept  # per layer, the stripped Parameter objects `restore` refills
         self.pool, self.worker, self.controller, self._hooks = pool, worker, controller, hooks
@@ -49,7 +53,7 @@ class OffloadRuntime:
         self.closed = self._restored = False
         self.host = host  # the `HostExecutor`, when misses may be computed on the host CPU
         self.twins = twins  # the `TwinStore` of the twin miss path, or None
-        self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker, host)
+        self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker, host, learner)
         model._seqmoe_runtime = self  # the model keeps its runtime alive while it is offloaded
 
     @property
@@ -131,6 +135,7 @@ class OffloadRuntime:
             "twin": None if self.twins is None else self.twins.layout.precision,
             "twin_reads": 0 if self.twins is None else self.twins.reads,
             "host_twin_bytes": 0 if self.twins is None else self.twins.host_bytes,
+            "forecaster": forecaster_stats(self.controller.system.predictor),
             "host_us_per_token": per_token(self.host_s),
             "gather_us_per_token": per_token(self.gather_s),
             "device": str(pool.device),

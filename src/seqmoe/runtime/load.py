@@ -3,8 +3,8 @@
     loaded = load_offloaded(LoadConfig(model="seqmoe-tiny"), OffloadConfig(residency=0.3), needs="...")
     loaded.model, loaded.tokenizer, loaded.runtime
 
-The training trace is read first and, for the seqmoe systems without a forecaster, one is trained
-on it once and cached (`seq_predictor_for`). The model is loaded on the CPU and then offloaded
+The training trace is read first (a bad file fails before the model loads); the seqmoe systems
+given no forecaster learn theirs online (`seqmoe.predict.online`), no training step first. The model is loaded on the CPU and then offloaded
 (`offload`): its routed experts are packed into host memory and only the dense rest moves to the
 device (cuda when available, unless the config names one), so the whole model never has to fit
 there.
@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 from seqmoe.config import LoadConfig, OffloadConfig
 from seqmoe.errors import UserError
-from seqmoe.manager.systems import system_spec
 from seqmoe.model_dirs import has_tokenizer_files, resolve_model_dir
 
 
@@ -39,7 +38,6 @@ def load_offloaded(load: LoadConfig, cfg: OffloadConfig, *, needs: str, progress
     import torch
 
     from seqmoe.collect import load_model
-    from seqmoe.predict.checkpoints import seq_predictor_for
     from seqmoe.runtime.core.device import resolve_device
     from seqmoe.runtime.offload import offload
     from seqmoe.trace.io import load_trace
@@ -48,8 +46,6 @@ def load_offloaded(load: LoadConfig, cfg: OffloadConfig, *, needs: str, progress
         torch.set_num_threads(load.threads)
     if isinstance(cfg.train, (str, os.PathLike)):  # a bad file fails before the model loads
         cfg = dataclasses.replace(cfg, train=load_trace(cfg.train))
-    if system_spec(cfg.system).needs_predictor and cfg.predictor is None:  # trained once, cached
-        cfg = dataclasses.replace(cfg, predictor=seq_predictor_for(None, cfg.train, progress=progress))
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
     model, tokenizer = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress)
     if tokenizer is None:

@@ -20,7 +20,10 @@ Parameter objects alike. docs/decode.md tells what the parts built here do in a 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -57,6 +60,8 @@ from seqmoe.runtime.kernels import relay as relay_kernels
 from seqmoe.runtime.eager.pregate import LivePregate
 from seqmoe.runtime.eager.twins import TwinStore
 from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
+from seqmoe.predict.checkpoints import load_online, online_dir
+from seqmoe.predict.online import NoLearner, OnlineForecaster, ProcessLearner, cold_prior, online_config
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.core.signals import shield_off, shield_on
 from seqmoe.trace.io import load_trace
@@ -83,6 +88,31 @@ def _forecaster(predictor, L: int, E: int, K: int):
                                                                  "observe", "predict")):
         raise UserError(f"predictor= must be a checkpoint folder or a SeqPredictor, got {type(predictor).__name__}")
     return predictor
+
+
+def _online(model, originals, L: int, E: int, K: int) -> tuple[OnlineForecaster, tuple, Path]:
+    """The forecaster a `seqmoe*` system learns online when given none: from the one this model learned
+    before (`$SEQMOE_CACHE`) when there is one, else new; the prior it starts from (`cold_prior`, with the
+    cached use rates); its folder."""
+    config = online_config(L, E, K)
+    folder = online_dir(_model_key(model, originals))
+    cached = load_online(folder, config)
+    if cached is None:
+        return OnlineForecaster(config, None), cold_prior(L, E, K), folder
+    weights, info = cached
+    fc = OnlineForecaster(config, None, weights=weights, tokens_learned=info["tokens_learned"], source="cache")
+    return fc, cold_prior(L, E, K, np.asarray(info["use_rate"], dtype=np.float64)), folder
+
+
+def _model_key(model, originals) -> str:
+    """16 hex digits identifying a model: its config (names and paths left out) and a sample of the
+    first expert's weights of every MoE layer."""
+    conf = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
+    h = hashlib.sha256(json.dumps(conf, sort_keys=True, default=str).encode())
+    for x in originals:
+        for p in x.parameters():
+            h.update(p.detach()[0].reshape(-1)[::97][:4096].float().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
 
 
 def _trace(value, what: str) -> RoutingTrace | None:
@@ -164,6 +194,8 @@ class _Plan:
     meta: TraceMeta
     pregate: LivePregate | None
     """The live pre-gate rows the system reads (the router hooks note their inputs), or None."""
+    online: Path | None
+    """Where the forecaster learned online is kept (`predict.checkpoints.online_dir`), or None: none is learned."""
 
 
 def _plan(model, cfg: OffloadConfig) -> _Plan:
@@ -195,14 +227,23 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
     if device.type == "cuda":
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
     start = start_placement(train, C) if train is not None else []
-    predictor = _forecaster(cfg.predictor, L, E, K) if spec.needs_predictor else None
+    predictor, prior, online = None, None, None
+    if spec.needs_predictor and cfg.predictor is None and not spec.needs_pregate:
+        predictor, prior, online = _online(model, originals, L, E, K)
+        if train is None:  # what the cached forecaster saw sets the start placement
+            start = [int(u) for u in np.argsort(-prior[0], kind="stable")[:C]] if predictor.source == "cache" else []
+        else:
+            prior = None
+    elif spec.needs_predictor:
+        predictor = _forecaster(cfg.predictor, L, E, K)
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     # Pre-gate rows computed live, for the systems that fuse them (their weights fitted on `train`'s).
     pregate = None if train is None or train.pregate_logits is None else LivePregate(
         [m.router for m in layers], train.pregate_logits.shape[2], E, K)
     sys_obj = build_system(cfg.system, SystemInputs(train=train or dims, test=replay or dims, capacity=C,
-                                                    start=tuple(start), predictor=predictor, pregate=pregate),
+                                                    start=tuple(start), predictor=predictor, pregate=pregate,
+                                                    prior=prior),
                            cfg.miss_with(control), check_twin(cfg.twin, cfg.twin_budget))
     measure = cfg.hardware == MEASURED or (cfg.hardware is None and _on_host_cpu(sys_obj))
     if measure and (cfg.bandwidth is not None or cfg.emulate_link):
@@ -233,7 +274,7 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
                      extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
                             "system": cfg.system, "capacity": C})
-    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, pregate)
+    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, pregate, online)
 
 
 def _capacity(cfg: OffloadConfig, model, originals, device: torch.device, expert_bytes: int, L: int, E: int,
@@ -297,6 +338,12 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
             undo.push(host.close)
         if plan.measure:
             hw = _measured(hw, model, plan, hosts, host)
+        learner = None
+        if plan.online is not None and isinstance(plan.system.predictor, OnlineForecaster):
+            fc = plan.system.predictor
+            learner = fc.learner = NoLearner() if not cfg.learn else ProcessLearner(
+                fc.config, weights=None if fc.inner is None else fc.inner.w, save_to=plan.online)
+            undo.push(learner.close)
         controller = Controller(plan.system, L, E, K, plan.meta, record=cfg.record_trace)
         controller.pregate = plan.pregate
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
@@ -327,7 +374,7 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         undo.push(shield_off)
         return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
                               system=cfg.system, residency=cfg.residency or C / (L * E), start=plan.start, model_profile=mp,
-                              hardware=hw, host=host, twins=twins,
+                              hardware=hw, host=host, twins=twins, learner=learner,
                               expert_dtype=cfg.expert_dtype or str(layout.compute_dtype).removeprefix("torch."))
 
 

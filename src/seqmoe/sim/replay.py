@@ -21,7 +21,7 @@ from seqmoe.trace.schema import RoutingTrace, check_dims
 
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,
              capacity: int, start, progress: bool = False, compiled: bool = True,
-             max_kl: float | None = None) -> SimCounts:
+             max_kl: float | None = None, window_tokens: int | None = None) -> SimCounts:
     """Replay `trace` as batch-1 decode with `system` managing `capacity` slots.
 
     Args:
@@ -35,6 +35,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
             False: the reference Python state machine (the same decisions, slower).
         max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.rerouting`;
             the trace must hold `router_logits`); None: the recorded routing.
+        window_tokens: also count each window of this many tokens (`SimCounts.windows`).
 
     Returns:
         Counts and times of the replay (see `seqmoe.manager.summarize` for the metrics).
@@ -58,7 +59,10 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
     starts = set(trace.request_offsets[:-1].tolist())
     bar = tqdm(total=trace.num_tokens, disable=not progress, unit="tok", desc=system.name, mininterval=0.5, leave=False)
+    windows, mark = [], None
     for t in range(trace.num_tokens):
+        if window_tokens and t % window_tokens == 0:
+            mark = _close_window(driver, windows, mark)
         driver.token_start(tokens[t] if tokens is not None else None, t in starts)
         row = ids[t]
         for l in range(L):
@@ -71,9 +75,24 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         if t % 256 == 255:
             bar.update(256)
     bar.close()
+    if window_tokens:
+        _close_window(driver, windows, mark)
     counts = driver.finish()
     counts.routing = None if routing is None else routing.stats()
+    counts.windows = windows or None
     return counts
+
+
+def _close_window(driver: Driver, windows: list[dict], mark):
+    """Append the window since `mark` (the counts at its start) to `windows`; the counts now."""
+    now = driver.counts()
+    if mark is not None and now.num_tokens > mark.num_tokens:
+        hits = (now.ready + now.late) - (mark.ready + mark.late)
+        n = hits + now.misses - mark.misses
+        windows.append({"first_token": mark.num_tokens, "tokens": now.num_tokens - mark.num_tokens,
+                        "hit_rate": hits / n if n else 0.0, "time_s": now.time_s - mark.time_s,
+                        "copies": now.copies - mark.copies})
+    return now
 
 
 def _replayed_routing(driver: Driver, max_kl: float) -> CacheAwareRouting:

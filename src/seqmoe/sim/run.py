@@ -24,6 +24,7 @@ from seqmoe.manager.placement import capacity_for_bytes
 from seqmoe.precision import format_bytes, parse_bytes
 from seqmoe.manager.systems import system_spec
 from seqmoe.predict.checkpoints import seq_predictor_for
+from seqmoe.predict.online import OnlineForecaster, cold_prior, online_forecaster
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.trace.io import load_trace
@@ -85,7 +86,7 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
         budget = parse_bytes(cfg.memory, "--memory")
         capacity = capacity_for_bytes(budget, model.expert_bytes, L, E, K, f"--memory {format_bytes(budget)}")
         residency = capacity / (L * E)
-    start = start_placement(w.train, capacity)
+    start = [] if cfg.online else start_placement(w.train, capacity)
     n_opt, twin = None, check_twin(cfg.twin, cfg.twin_budget)
     # Belady's count is of the recorded routing with full-size copies: no bound for a replay that
     # changes the routing or reads smaller twins.
@@ -93,20 +94,25 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
         if capacity not in w.belady_misses:
             w.belady_misses[capacity] = belady_misses(w.test_uids, capacity, start, w.future)
         n_opt = w.belady_misses[capacity]
-    predictor = None
-    if system_spec(cfg.system).needs_predictor:
+    predictor, prior = None, None
+    if system_spec(cfg.system).needs_predictor and cfg.online:
+        predictor, prior = online_forecaster(L, E, K, seed=cfg.seed), cold_prior(L, E, K)
+    elif system_spec(cfg.system).needs_predictor:
         if cfg.predictor not in w.predictors:
             w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
         predictor = w.predictors[cfg.predictor]
-    inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor)
+    inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor,
+                          prior=prior)
     system = build_system(cfg.system, inputs, cfg.miss, twin)
     t0 = time.perf_counter()
     counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
-                      progress=progress, max_kl=cfg.max_kl)
+                      progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
            "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
-           "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget}
+           "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget, "online": cfg.online}
+    if isinstance(predictor, OnlineForecaster):
+        row["forecaster"] = predictor.stats()
     row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))
     row.update({
         "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,

@@ -16,8 +16,8 @@ from seqmoe.manager.compiled.layout import (
     MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB, MISS, MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES,
     NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PENDING, PF_QUEUED, POLICY, POLICY_FORECAST,
     POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE, PREFETCH_NONE, PRESENT, QSEQ,
-    OFF_POOL, READS, READY, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, TWINS, TWIN_LEFT, TWIN_READS, TWIN_S, TWIN_W, UCLASS,
-    WASTED,
+    OFF_POOL, PREV_GAP, PRIOR_END, NDIRTY, READS, READY, RECENT, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, TWINS,
+    TWIN_LEFT, TWIN_READS, TWIN_S, TWIN_W, UCLASS, UROW, VERSION, WASTED,
 )
 from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
@@ -161,8 +161,30 @@ class CompiledManager(ManagerBase):
         t0 = time.perf_counter()
         if self.predictor is not None:
             self.predictor.begin_token(step_, token_id)
+            prior = self._new_prior()
+            if prior is not None:
+                self._set_prior(*prior)
         self._decide(step_ - 1)
         self.decision_s += time.perf_counter() - t0
+
+    def _set_prior(self, use_rate: np.ndarray, reuse) -> None:
+        """`ForecastPolicy.set_prior` on the compiled state: the prior's arrays replaced, each uid's
+        row of the new table recomputed from its history, the caches voided."""
+        I, F, S = self.I, self.F, self.S
+        policy = self.system.policy
+        policy.set_prior(use_rate, reuse)  # the Python object stays the description of the state
+        F[GEOM] = policy._geometric
+        if reuse is not None:
+            self.TAB = np.ascontiguousarray(reuse.values, dtype=np.float64)
+            I[UCLASS] = reuse.uid_class
+            S[NUM_GAP_CLASSES], S[NUM_COUNT_CLASSES] = reuse.num_gap_classes, reuse.num_count_classes
+            I[UROW] = reuse.rows(I[PREV_GAP], F[RECENT])
+        else:
+            self.TAB = np.zeros((0, 0), np.float64)
+        S[PRIOR_END], S[NDIRTY] = -(1 << 40), 0
+        S[VERSION] += 1
+        self._serve_args = self._state + (self.EV, self.TAB, self.DISC)
+        self._plan_args = self._serve_args + ((self.JI, self.JF, self.WF, self.MI) if self._plans else ())
 
     def layer(self, step_: int, needed: np.ndarray, ids, reveal: float, weights=None) -> float:
         # One kernel call per reveal: inside a model's forward each first call after the forward pays
