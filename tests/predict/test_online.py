@@ -172,3 +172,23 @@ def test_a_corrupt_or_foreign_cached_forecaster_is_ignored_with_a_warning(tmp_pa
     for name in ("foreign", "cut", "bare", "garbled"):
         with pytest.warns(UserWarning, match="ignoring the cached forecaster"):
             assert load_online(tmp_path / name, cfg) is None
+
+
+def test_calibrate_learns_from_text_and_offload_starts_from_it(tmp_path, monkeypatch):
+    """`seqmoe calibrate --text DIR` writes the forecaster `offload` then starts from; a folder with no
+    text is a clear error before the model loads."""
+    from seqmoe.cli import main
+    from seqmoe.collect import load_model
+    from seqmoe.runtime import offload
+
+    monkeypatch.setenv("SEQMOE_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.py").write_text("def parse(argv):\n    return [a.strip() for a in argv]\n" * 40)
+    assert main(["calibrate", "--text", str(tmp_path / "text"), "--tokens", "400", "--no-progress"]) == 0
+    model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
+    rt = offload(model, 0.3)
+    s = rt.stats()["forecaster"]
+    rt.restore()
+    assert s["source"] == "cache" and s["tokens_learned"] >= 400
+    (tmp_path / "empty").mkdir()
+    assert main(["calibrate", "--text", str(tmp_path / "empty")]) == 2

@@ -1,10 +1,12 @@
-"""`seqmoe train` and `seqmoe eval-predictor`: train the sequence forecaster, score forecasts per horizon.
+"""`seqmoe train`, `seqmoe eval-predictor` and `seqmoe calibrate`: train the sequence forecaster, score
+forecasts per horizon, warm up a model's online forecaster.
 
     seqmoe train --trace results/deepseek/train.safetensors --out results/predictor-deepseek
+    seqmoe calibrate --model path/to/model --text my_prompts/
     seqmoe eval-predictor --trace results/deepseek/test.safetensors --predictor results/predictor-deepseek \\
         --train results/deepseek/train.safetensors --plot results/predictor-deepseek/recall.png --json
 
-`add_predict_commands(subparsers)` registers both on the main parser (src/seqmoe/cli/__init__.py); each
+`add_predict_commands(subparsers)` registers them on the main parser (src/seqmoe/cli/__init__.py); each
 sets `func(args) -> int`. Bad input raises `UserError`. Torch is imported only when `train` runs.
 """
 
@@ -14,7 +16,9 @@ import argparse
 import json
 import sys
 
-from seqmoe.cli.args import progress
+from seqmoe.cli.args import add_config_flags, config_from_args, progress
+from seqmoe.config import LoadConfig
+from seqmoe.predict.calibrate import DEFAULT_TOKENS
 from seqmoe.errors import UserError
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
@@ -24,7 +28,7 @@ DEFAULT_MAX_MINUTES = 14.0
 
 
 def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
-    """Add `train` and `eval-predictor` to the main parser's subparsers."""
+    """Add `train`, `eval-predictor` and `calibrate` to the main parser's subparsers."""
     train = subparsers.add_parser(
         "train",
         help="train the sequence-to-sequence expert forecaster on a routing trace",
@@ -55,6 +59,44 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--plot", metavar="FILE", help="write a PNG of recall against horizon")
     ev.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     ev.set_defaults(func=run_eval)
+
+    cal = subparsers.add_parser(
+        "calibrate",
+        help="warm up a model's online forecaster (what seqmoe learns as it runs) from text, before serving",
+        description="Record the model's routing over --text (default: this Python's standard library source, "
+        "PSF License 2.0: code, so your own text serves better), learn the online forecaster from it as a run "
+        "would, starting from what the model already learned, and save it in $SEQMOE_CACHE, where offload, "
+        "generate and serve find it.",
+    )
+    add_config_flags(cal, LoadConfig)
+    cal.add_argument("--text", metavar="DIR", help="folder of .txt / .md / .py files (default: the stdlib source)")
+    cal.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"tokens of text to read (default: {DEFAULT_TOKENS})")
+    cal.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
+    cal.set_defaults(func=run_calibrate)
+
+
+def run_calibrate(args: argparse.Namespace) -> int:
+    """`seqmoe calibrate`: the summary, then (with --json) one JSON line."""
+    from seqmoe.collect import load_model
+    from seqmoe.predict.calibrate import calibrate, default_texts, texts_from
+
+    load = config_from_args(LoadConfig, args)
+    texts = texts_from(args.text) if args.text else None  # a bad folder fails before the model loads
+    if load.threads:
+        import torch
+
+        torch.set_num_threads(load.threads)
+    model, tok = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress(args))
+    if tok is None:
+        raise UserError(f"{load.model} has no tokenizer files; calibrate encodes text with it")
+    info = calibrate(model, tok, texts if texts is not None else default_texts(), max_tokens=args.tokens,
+                     progress=progress(args))
+    print(f"seqmoe: learned from {info['tokens']} tokens in {info['requests']} requests"
+          f"{' on top of the cached forecaster' if info['from_cache'] else ''} ({info['tokens_learned']} in all); "
+          f"saved in {info['folder']}")
+    if args.json:
+        print(json.dumps(info))
+    return 0
 
 
 def run_train(args: argparse.Namespace) -> int:

@@ -95,7 +95,7 @@ def _online(model, originals, L: int, E: int, K: int) -> tuple[OnlineForecaster,
     before (`$SEQMOE_CACHE`) when there is one, else new; the prior it starts from (`cold_prior`, with the
     cached use rates); its folder."""
     config = online_config(L, E, K)
-    folder = online_dir(_model_key(model, originals))
+    folder = online_dir(model_key(model, originals))
     cached = load_online(folder, config)
     if cached is None:
         return OnlineForecaster(config, None), cold_prior(L, E, K), folder
@@ -104,7 +104,7 @@ def _online(model, originals, L: int, E: int, K: int) -> tuple[OnlineForecaster,
     return fc, cold_prior(L, E, K, np.asarray(info["use_rate"], dtype=np.float64)), folder
 
 
-def _model_key(model, originals) -> str:
+def model_key(model, originals) -> str:
     """16 hex digits identifying a model: its config (names and paths left out) and a sample of the
     first expert's weights of every MoE layer."""
     conf = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
