@@ -120,5 +120,5 @@ def test_a_runtime_without_a_trace_keeps_none_and_counts_the_same(control):
         rt.restore()
     (out_a, s_a), (out_b, s_b) = runs
     assert out_a == out_b
-    counts = ("tokens", "ready", "late", "misses", "copies")
+    counts = ("tokens", "ready", "late", "misses", "sim_copies")  # the copies run can be skipped by timing
     assert [s_a[k] for k in counts] == [s_b[k] for k in counts]
