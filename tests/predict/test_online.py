@@ -15,9 +15,9 @@ from seqmoe.errors import UserError
 from seqmoe.manager import SystemInputs, build_system, capacity_for
 from seqmoe.predict.checkpoints import load_online
 from seqmoe.predict.online import (
-    NoLearner, OnlineForecaster, OnlineSchedule, ProcessLearner, cold_prior, fit_prior, learn_round, online_config,
-    online_forecaster,
+    NoLearner, OnlineForecaster, OnlineSchedule, cold_prior, fit_prior, learn_round, online_config, online_forecaster,
 )
+from seqmoe.predict.learner import ProcessLearner
 from seqmoe.predict.seqmodel import save_checkpoint
 from seqmoe.sim import simulate
 from tests.conftest import make_trace, tiny_hardware

@@ -30,7 +30,7 @@ from tqdm import tqdm
 from seqmoe.predict.evaluate import default_horizons
 from seqmoe.predict.seqmodel import PredictorError, SeqConfig, load_seq_predictor, save_checkpoint, trace_buckets
 from seqmoe.predict.seqnet import SeqNet
-from seqmoe.trace.schema import RoutingTrace, TraceMeta
+from seqmoe.trace.schema import RoutingTrace
 
 __all__ = ["load_seq_predictor", "train_seq_predictor"]
 
@@ -351,12 +351,9 @@ class OnlineTrainer:
     def round(self, ids: np.ndarray, buckets: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
         """Train on one snapshot (`ids` [T, L, K], token `buckets` [T], `starts` [T]: a request opens);
         the weights after it (`SeqNet.export`)."""
-        cfg = self.net.cfg
-        starts = starts.copy()
-        starts[0] = True
-        offsets = np.append(np.flatnonzero(starts), len(starts)).astype(np.int64)
-        trace = RoutingTrace(expert_ids=np.ascontiguousarray(ids, dtype=np.int16), request_offsets=offsets,
-                             meta=TraceMeta(model="online", num_experts=cfg.num_experts, source="online snapshot"))
+        from seqmoe.predict.online import snapshot_trace
+
+        trace = snapshot_trace(ids, starts, self.net.cfg.num_experts)
         streams = make_streams(trace, np.asarray(buckets, dtype=np.int64), np.arange(trace.num_requests),
                                self.args["num_streams"], self.args["window"], self.rng)
         before = torch.get_num_threads()

@@ -61,7 +61,8 @@ from seqmoe.runtime.eager.pregate import LivePregate
 from seqmoe.runtime.eager.twins import TwinStore
 from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
 from seqmoe.predict.checkpoints import load_online, online_dir
-from seqmoe.predict.online import NoLearner, OnlineForecaster, ProcessLearner, cold_prior, online_config
+from seqmoe.predict.learner import ProcessLearner
+from seqmoe.predict.online import NoLearner, OnlineForecaster, cold_prior, online_config
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.core.signals import shield_off, shield_on
 from seqmoe.trace.io import load_trace
