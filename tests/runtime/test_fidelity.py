@@ -122,3 +122,33 @@ def test_a_runtime_without_a_trace_keeps_none_and_counts_the_same(control):
     assert out_a == out_b
     counts = ("tokens", "ready", "late", "misses", "sim_copies")  # the copies run can be skipped by timing
     assert [s_a[k] for k in counts] == [s_b[k] for k in counts]
+
+
+def test_a_live_online_run_replays_in_the_simulator_with_its_swaps(monkeypatch, tmp_path):
+    """seqmoe learning online (a child process, swaps when its rounds are ready): its trace replayed
+    with the same (snapshot, swap) tokens, the same rounds trained in-process, counts the same."""
+    import numpy as np
+
+    from seqmoe.predict.online import InlineLearner, OnlineForecaster, cold_prior, online_config
+    from seqmoe.predict.train import OnlineTrainer
+
+    monkeypatch.setenv("SEQMOE_CACHE", str(tmp_path))
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "seqmoe", hardware=TEST_HW)
+    fc = rt.controller.system.predictor
+    greedy(model, PROMPTS[1], 150)  # past the first snapshot (128 tokens)
+    assert fc.learner.wait(120)  # the child's first round is done: it is swapped in at the next token
+    greedy(model, PROMPTS[0], 40)
+    trace, s, swaps = rt.trace(), rt.stats(), list(fc.swaps)
+    rt.restore()
+    assert len(swaps) == 1 and swaps[0][0] == 128
+    L, E, K = trace.num_layers, trace.num_experts, trace.top_k
+    cfg = online_config(L, E, K)
+    replay = OnlineForecaster(cfg, InlineLearner(OnlineTrainer(cfg)), replay=swaps)
+    system = build_system("seqmoe", SystemInputs(train=trace, test=trace, capacity=rt.capacity, start=(),
+                                                  predictor=replay, prior=cold_prior(L, E, K)), rt.miss)
+    c = simulate(trace, system, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=[])
+    assert replay.swaps == swaps
+    got = (s["ready"], s["late"], s["misses"], s["prefetches"], s["wasted_copies"])
+    assert got == (c.ready, c.late, c.misses, c.prefetches, c.wasted_copies)
+    assert np.isclose(s["time_s"], c.time_s, rtol=1e-12)

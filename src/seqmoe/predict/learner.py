@@ -42,6 +42,7 @@ class ProcessLearner:
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._writer: threading.Thread | None = None
         self._busy = False
+        self._held = None  # a result `wait` took off the queue
         self.failed: str | None = None
 
     def _start(self) -> None:
@@ -91,14 +92,26 @@ class ProcessLearner:
             self._outbox.put((snapshot, tokens_learned))
             self._busy = True
 
+    def wait(self, timeout: float) -> bool:
+        """Block until the round in flight is done (harnesses that need a swap at a known point);
+        whether it is."""
+        if self._busy and self._held is None:
+            try:
+                self._held = self._results.get(timeout=timeout)
+            except queue.Empty:
+                return False
+        return self._held is not None
+
     def result(self) -> tuple | None:
         """The finished round's (weights, prior), or None (not done yet; never blocks)."""
         if not self._busy:
             return None
-        try:
-            got = self._results.get_nowait()
-        except queue.Empty:
-            return None
+        got, self._held = self._held, None
+        if got is None:
+            try:
+                got = self._results.get_nowait()
+            except queue.Empty:
+                return None
         self._busy = False
         if isinstance(got, str):  # the child's error: learning stops, the run goes on
             self._fail(got)

@@ -142,10 +142,13 @@ class OnlineForecaster:
         weights: weights to forecast with from the start (a cached forecaster's), else none until the first swap.
         tokens_learned: tokens the starting weights learned from.
         source: where the starting weights came from: "cache" or "new".
+        replay: (snapshot token, swap token) pairs to learn and swap at exactly, in place of the
+            schedule's: a live run's `swaps`, so a replay of its trace decides as it did.
     """
 
     def __init__(self, config: SeqConfig, learner, schedule: OnlineSchedule = OnlineSchedule(), *,
-                 weights: dict | None = None, tokens_learned: int = 0, source: str = "new") -> None:
+                 weights: dict | None = None, tokens_learned: int = 0, source: str = "new",
+                 replay: list | None = None) -> None:
         self.config, self.learner, self.schedule = config, learner, schedule
         self.L, self.E, self.K = config.num_layers, config.num_experts, config.top_k
         self.inner = None if weights is None else SeqPredictor(config, weights, window=DEFAULT_WINDOW)
@@ -162,6 +165,7 @@ class OnlineForecaster:
         self._table: np.ndarray | None = None
         self._pending: int | None = None  # the token count at the snapshot in flight
         self._next_round = schedule.warmup
+        self._replay = None if replay is None else [tuple(x) for x in replay]
         self.new_prior: tuple | None = None
         """(use rates, reuse table) of the latest swap, until the memory manager takes it."""
 
@@ -227,17 +231,34 @@ class OnlineForecaster:
     def _learn(self) -> None:
         """Swap in a finished round that is due; start the next round when one is due."""
         s, n = self.schedule, self.tokens
+        if self._replay is not None:
+            self._learn_as_recorded(n)
+            return
         if self._pending is not None and n >= self._pending + s.lag:
             got = self.learner.result()
             if got is not None:
-                self._swap(got[0])
-                self.new_prior = got[1]
-                self.swaps.append((self._pending, n))
-                self.tokens_learned = self._base_learned + self._pending
-                self._pending = None
+                self._swap_in(got, n)
         if self._pending is None and n >= self._next_round:
             self.learner.submit(self._snapshot(), self._base_learned + n)
             self._pending, self._next_round = n, n + s.period
+
+    def _learn_as_recorded(self, n: int) -> None:
+        """`_learn` at the recorded (snapshot, swap) tokens."""
+        k = len(self.swaps)
+        if self._pending is not None and k < len(self._replay) and n == self._replay[k][1]:
+            self._swap_in(self.learner.result(), n)
+            k += 1
+        if self._pending is None and k < len(self._replay) and n == self._replay[k][0]:
+            self.learner.submit(self._snapshot(), self._base_learned + n)
+            self._pending = n
+
+    def _swap_in(self, got: tuple, n: int) -> None:
+        """The round of the snapshot in flight, `got` = (weights, prior), from token `n` on."""
+        self._swap(got[0])
+        self.new_prior = got[1]
+        self.swaps.append((self._pending, n))
+        self.tokens_learned = self._base_learned + self._pending
+        self._pending = None
 
     def _snapshot(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, buckets, starts) of the ring's tokens, oldest first."""
