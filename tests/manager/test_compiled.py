@@ -18,7 +18,8 @@ from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
 from seqmoe.manager.compiled import CompiledManager, compilable
 from seqmoe.manager.compiled import _build_dir
-from seqmoe.manager.state import MemoryManager, System
+from seqmoe.manager.base import System
+from seqmoe.manager.state import MemoryManager
 from seqmoe.manager.systems import SYSTEMS
 from seqmoe.predict.affinity import AffinityPredictor
 from seqmoe.predict.oracle import OracleForecaster

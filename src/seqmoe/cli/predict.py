@@ -18,7 +18,7 @@ import sys
 
 from seqmoe.cli.args import add_config_flags, config_from_args, progress
 from seqmoe.config import LoadConfig
-from seqmoe.predict.calibrate import DEFAULT_TOKENS
+from seqmoe.runtime.calibrate import DEFAULT_TOKENS
 from seqmoe.errors import UserError
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
@@ -78,7 +78,7 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
 def run_calibrate(args: argparse.Namespace) -> int:
     """`seqmoe calibrate`: the summary, then (with --json) one JSON line."""
     from seqmoe.collect import load_model
-    from seqmoe.predict.calibrate import calibrate, default_texts, texts_from
+    from seqmoe.runtime.calibrate import calibrate, default_texts, texts_from
 
     load = config_from_args(LoadConfig, args)
     texts = texts_from(args.text) if args.text else None  # a bad folder fails before the model loads

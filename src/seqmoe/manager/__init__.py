@@ -17,7 +17,8 @@ named systems and what each declares).
 from seqmoe.manager.counts import SimCounts, summarize
 from seqmoe.manager.driver import Driver
 from seqmoe.manager.placement import capacity_for, check_capacity, check_residency, start_placement
-from seqmoe.manager.state import MemoryManager, PoolObserver, System
+from seqmoe.manager.base import PoolObserver, System
+from seqmoe.manager.state import MemoryManager
 from seqmoe.manager.systems import SYSTEMS, SystemInputs, SystemSpec, build_system, system_spec
 
 

@@ -22,7 +22,7 @@ from seqmoe.predict import AffinityPredictor, EAMPolicy, EAMPredictor
 from seqmoe.predict.oracle import OracleForecaster
 from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.manager.miss_paths import Twin, check_miss
-from seqmoe.manager.state import System
+from seqmoe.manager.base import System
 from seqmoe.predict.base import Predictor
 from seqmoe.predict.expertflow import ExpertFlowPredictor
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas

@@ -20,8 +20,6 @@ Parameter objects alike. docs/decode.md tells what the parts built here do in a 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -60,60 +58,15 @@ from seqmoe.runtime.kernels import relay as relay_kernels
 from seqmoe.runtime.eager.pregate import LivePregate
 from seqmoe.runtime.eager.twins import TwinStore
 from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
-from seqmoe.predict.checkpoints import load_online, online_dir
 from seqmoe.predict.learner import ProcessLearner
-from seqmoe.predict.online import NoLearner, OnlineForecaster, cold_prior, online_config
+from seqmoe.predict.online import NoLearner, OnlineForecaster
+from seqmoe.runtime.forecasters import given_forecaster, online_forecaster_for
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.core.signals import shield_off, shield_on
 from seqmoe.trace.io import load_trace
-from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
+from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims, placeholder_trace
 
 __all__ = ["offload", "OffloadRuntime", "measure_profile"]
-
-
-def _forecaster(predictor, L: int, E: int, K: int):
-    """The forecaster of a `seqmoe*` system: `predictor` (a checkpoint folder or a `SeqPredictor`), checked
-    against L/E/K. `offload` trains none (the commands do: `seqmoe.runtime.load`)."""
-    if predictor is None:
-        raise UserError("the seqmoe systems need the seq2seq forecaster: pass predictor= (a checkpoint folder of "
-                        "`seqmoe train`; `seqmoe.predict.checkpoints.seq_predictor_for(None, train)` trains one on a "
-                        "trace and caches it)")
-    if isinstance(predictor, (str, os.PathLike)):
-        from seqmoe.predict.seqmodel import load_seq_predictor
-
-        predictor = load_seq_predictor(predictor)
-    if getattr(predictor, "config", None) is not None:
-        check_dims("the predictor's training trace", predictor.config, _placeholder_trace(L, E, K, "model"),
-                   "train one on a trace of this model (seqmoe train)")
-    if not all(callable(getattr(predictor, m, None)) for m in ("check_trace", "begin_request", "begin_token",
-                                                                 "observe", "predict")):
-        raise UserError(f"predictor= must be a checkpoint folder or a SeqPredictor, got {type(predictor).__name__}")
-    return predictor
-
-
-def _online(model, originals, L: int, E: int, K: int) -> tuple[OnlineForecaster, tuple, Path]:
-    """The forecaster a `seqmoe*` system learns online when given none: from the one this model learned
-    before (`$SEQMOE_CACHE`) when there is one, else new; the prior it starts from (`cold_prior`, with the
-    cached use rates); its folder."""
-    config = online_config(L, E, K)
-    folder = online_dir(model_key(model, originals))
-    cached = load_online(folder, config)
-    if cached is None:
-        return OnlineForecaster(config, None), cold_prior(L, E, K), folder
-    weights, info = cached
-    fc = OnlineForecaster(config, None, weights=weights, tokens_learned=info["tokens_learned"], source="cache")
-    return fc, cold_prior(L, E, K, np.asarray(info["use_rate"], dtype=np.float64)), folder
-
-
-def model_key(model, originals) -> str:
-    """16 hex digits identifying a model: its config (names and paths left out) and a sample of the
-    first expert's weights of every MoE layer."""
-    conf = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
-    h = hashlib.sha256(json.dumps(conf, sort_keys=True, default=str).encode())
-    for x in originals:
-        for p in x.parameters():
-            h.update(p.detach()[0].reshape(-1)[::97][:4096].float().cpu().numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 def _trace(value, what: str) -> RoutingTrace | None:
@@ -123,13 +76,6 @@ def _trace(value, what: str) -> RoutingTrace | None:
     if isinstance(value, (str, os.PathLike)):
         return load_trace(value)
     raise UserError(f"{what}= must be a RoutingTrace or a trace file, got {type(value).__name__}")
-
-
-def _placeholder_trace(L: int, E: int, K: int, name: str) -> RoutingTrace:
-    """A one-token trace of shape (L, E, K): what train-free systems and the state machine read dims from."""
-    ids = np.broadcast_to(np.arange(K, dtype=np.int16), (1, L, K)).copy()
-    return RoutingTrace(expert_ids=ids, request_offsets=np.array([0, 1], np.int64),
-                        meta=TraceMeta(model=name, num_experts=E, source="seqmoe.runtime placeholder"))
 
 
 def _nbytes(params) -> int:
@@ -207,7 +153,7 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
     L, E, K = len(layers), arch.num_experts, arch.top_k
     spec = system_spec(cfg.system)
     name = str(getattr(model.config, "_name_or_path", "") or getattr(model.config, "model_type", "model"))
-    dims = _placeholder_trace(L, E, K, name)
+    dims = placeholder_trace(L, E, K, name)
     train, replay = _trace(cfg.train, "train"), _trace(cfg.replay, "replay")
     if train is not None:
         check_dims("train trace", train, dims, "collect it from this model")
@@ -230,13 +176,13 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
     start = start_placement(train, C) if train is not None else []
     predictor, prior, online = None, None, None
     if spec.needs_predictor and cfg.predictor is None and not spec.needs_pregate:
-        predictor, prior, online = _online(model, originals, L, E, K)
+        predictor, prior, online = online_forecaster_for(model, originals, L, E, K)
         if train is None:  # what the cached forecaster saw sets the start placement
             start = [int(u) for u in np.argsort(-prior[0], kind="stable")[:C]] if predictor.source == "cache" else []
         else:
             prior = None
     elif spec.needs_predictor:
-        predictor = _forecaster(cfg.predictor, L, E, K)
+        predictor = given_forecaster(cfg.predictor, L, E, K)
     # `test=dims`: a placeholder without token ids or vocab, so the forecaster hashes the live token
     # ids directly, as simulate() does on the recorded trace (its ids have no vocab either).
     # Pre-gate rows computed live, for the systems that fuse them (their weights fitted on `train`'s).

@@ -196,3 +196,10 @@ def check_dims(what: str, got, want, hint: str = "pick the profile of the model 
         name = getattr(want, "name", None)
         of = against or (f"model profile {name!r}" if name else "the model")
         raise UserError(f"{what} has L={a[0]}, E={a[1]}, K={a[2]} but {of} has L={b[0]}, E={b[1]}, K={b[2]}; {hint}")
+
+
+def placeholder_trace(L: int, E: int, K: int, name: str) -> RoutingTrace:
+    """A one-token trace of shape (L, E, K): what train-free systems and the state machine read dims from."""
+    ids = np.broadcast_to(np.arange(K, dtype=np.int16), (1, L, K)).copy()
+    return RoutingTrace(expert_ids=ids, request_offsets=np.array([0, 1], np.int64),
+                        meta=TraceMeta(model=name, num_experts=E, source="placeholder"))

@@ -22,8 +22,8 @@ from seqmoe.manager.compiled.layout import (
 from seqmoe.manager.compiled.warm import warm_up
 from seqmoe.manager.counts import SimCounts
 from seqmoe.manager.miss_paths import MISS_PATHS
-from seqmoe.manager.state import PACE_WEIGHT as PACE_W
-from seqmoe.manager.state import ManagerBase
+from seqmoe.manager.base import PACE_WEIGHT as PACE_W
+from seqmoe.manager.base import ManagerBase
 from seqmoe.schedule.deadline import DeadlinePrefetcher, price_of_copy
 
 

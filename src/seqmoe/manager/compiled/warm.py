@@ -50,7 +50,7 @@ def warm_up() -> None:
     _done[0] = True
     from seqmoe.manager.driver import Driver
     from seqmoe.manager.compiled.manager import CompiledManager
-    from seqmoe.manager.state import System
+    from seqmoe.manager.base import System
 
     model = ModelProfile(name="warm-up", num_layers=_L, num_experts=_E, top_k=_K, expert_bytes=1 << 20)
     hw = HardwareProfile(name="warm-up", h2d_bytes_per_s=1e9, hbm_bytes_per_s=1e12, device_memory_bytes=1 << 30)

@@ -55,7 +55,7 @@ def calibrate(model, tokenizer, texts: list[str], *, max_tokens: int = DEFAULT_T
     from seqmoe.predict.online import OnlineSchedule, fit_prior, online_config
     from seqmoe.predict.seqmodel import save_checkpoint, trace_buckets
     from seqmoe.predict.train import OnlineTrainer
-    from seqmoe.runtime.offload import model_key
+    from seqmoe.runtime.forecasters import model_key
 
     if max_tokens < 1 or chunk < 1:
         raise UserError(f"calibration needs a positive number of tokens and chunk size, got {max_tokens} and {chunk}")
