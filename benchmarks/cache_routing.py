@@ -24,23 +24,25 @@ import math
 import sys
 
 
-def _decode(model, requests) -> tuple[list[int], float, int]:
-    """(argmax per position, summed NLL of the next token, positions scored) over `requests`."""
+def decode(model, requests):
+    """(argmax per position, summed NLL of the next token, [n, V] float64 log-probabilities) over
+    `requests`, teacher-forced, one token per forward (also `twin_quality.py`'s)."""
     import torch
     from transformers import DynamicCache
 
     from seqmoe.arch import cache_kwarg
 
-    key, argmax, nll, scored = cache_kwarg(model), [], 0.0, 0
+    key, argmax, nll, logp = cache_kwarg(model), [], 0.0, []
     with torch.no_grad():
         for ids in requests:
             cache = DynamicCache(config=model.config)
             for t in range(len(ids) - 1):
-                logits = model(torch.tensor([[ids[t]]]), use_cache=True, **{key: cache}).logits[0, -1].double()
-                argmax.append(int(logits.argmax()))
-                nll -= float(torch.log_softmax(logits, -1)[ids[t + 1]])
-                scored += 1
-    return argmax, nll, scored
+                lp = torch.log_softmax(model(torch.tensor([[ids[t]]]), use_cache=True, **{key: cache}).logits[0, -1]
+                                       .double(), -1)
+                argmax.append(int(lp.argmax()))
+                nll -= float(lp[ids[t + 1]])
+                logp.append(lp)
+    return argmax, nll, torch.stack(logp)
 
 
 def main(argv=None) -> int:
@@ -71,17 +73,18 @@ def main(argv=None) -> int:
         if sum(map(len, requests)) >= args.tokens:
             break
     model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
-    full_argmax, full_nll, n = _decode(model, requests)
+    full_argmax, full_nll, _ = decode(model, requests)
+    n = len(full_argmax)
     full_ppl = math.exp(full_nll / n)
     print(f"full load: perplexity {full_ppl:.3f} over {n} positions", file=sys.stderr)
-    # One forward per request drops each request's last token, as `_decode` scores none after it.
+    # One forward per request drops each request's last token, as `decode` scores none after it.
     recorded = collect_trace(model, [ids[:-1] for ids in requests], router_logits=True)
     rows, exact_misses, sim_exact = [], None, None
     for budget in (float(b) for b in args.budgets.split(",")):
         rt = offload(model, args.residency, args.system, train=train, predictor=args.predictor,
                      routing="cache-aware", max_kl=budget, miss="copy", hardware=DEFAULT_HARDWARE)
         try:
-            argmax, nll, _ = _decode(model, requests)
+            argmax, nll, _ = decode(model, requests)
             s = rt.stats()
         finally:
             rt.restore()

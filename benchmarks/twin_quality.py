@@ -19,24 +19,7 @@ import json
 import math
 import sys
 
-
-def _decode(model, requests):
-    """(argmax per position, summed NLL of the next token, [n, V] log-probabilities) over `requests`."""
-    import torch
-    from transformers import DynamicCache
-
-    from seqmoe.arch import cache_kwarg
-
-    key, argmax, nll, logp = cache_kwarg(model), [], 0.0, []
-    with torch.no_grad():
-        for ids in requests:
-            cache = DynamicCache(config=model.config)
-            for t in range(len(ids) - 1):
-                lp = torch.log_softmax(model(torch.tensor([[ids[t]]]), use_cache=True, **{key: cache}).logits[0, -1].double(), -1)
-                argmax.append(int(lp.argmax()))
-                nll -= float(lp[ids[t + 1]])
-                logp.append(lp)
-    return argmax, nll, torch.stack(logp)
+from cache_routing import decode
 
 
 def main(argv=None) -> int:
@@ -66,7 +49,7 @@ def main(argv=None) -> int:
         if sum(map(len, requests)) >= args.tokens:
             break
     model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
-    full_argmax, full_nll, full_logp = _decode(model, requests)
+    full_argmax, full_nll, full_logp = decode(model, requests)
     n = len(full_argmax)
     full_ppl = math.exp(full_nll / n)
     print(f"full load: perplexity {full_ppl:.3f} over {n} positions", file=sys.stderr)
@@ -77,7 +60,7 @@ def main(argv=None) -> int:
             rt = offload(model, args.residency, args.system, train=train, miss=args.miss, twin=twin,
                          twin_budget=budget, hardware=DEFAULT_HARDWARE)
             try:
-                argmax, nll, logp = _decode(model, requests)
+                argmax, nll, logp = decode(model, requests)
                 s = rt.stats()
             finally:
                 rt.restore()
