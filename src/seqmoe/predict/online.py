@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqmoe.cache.reuse import NUM_COUNT_CLASSES, ReuseTable, fit_reuse_table
+from seqmoe.cache.reuse import ReuseTable
 from seqmoe.predict.base import Forecast
 from seqmoe.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor, bucket_of, bucket_table
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
@@ -81,10 +81,11 @@ def snapshot_trace(ids: np.ndarray, starts: np.ndarray, num_experts: int) -> Rou
 def fit_prior(ids: np.ndarray, starts: np.ndarray, num_experts: int) -> tuple[np.ndarray, ReuseTable]:
     """(use rate [L * E], reuse table) of a snapshot: what `ForecastPolicy.from_trace` learns from a
     training trace, with its default discount."""
+    from seqmoe.cache.forecast import ForecastPolicy
+
     trace = snapshot_trace(ids, starts, num_experts)
-    L = trace.num_layers
-    counts = np.bincount(trace.uids().reshape(-1), minlength=L * num_experts)
-    return counts / trace.num_tokens, fit_reuse_table(trace, 2.0 * L, num_gap_classes=6, num_count_classes=NUM_COUNT_CLASSES)
+    counts = np.bincount(trace.uids().reshape(-1), minlength=trace.num_layers * num_experts)
+    return counts / trace.num_tokens, ForecastPolicy.from_trace(trace).reuse
 
 
 def learn_round(trainer, snapshot: tuple) -> tuple[dict, tuple]:
