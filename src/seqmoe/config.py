@@ -46,6 +46,8 @@ CONTROLS = ("inline", "thread")
 """Where the runtime's control plane runs (`OffloadConfig.control`)."""
 MEASURED = "measured"
 """The hardware profile measured on this machine at start (`seqmoe.runtime.core.costs`)."""
+CALIBRATION_TOKENS = 20_000
+"""Tokens of text `seqmoe calibrate` reads when not told otherwise."""
 CLI = "cli"
 """Field metadata: False for fields with no command-line flag (objects, library-only switches)."""
 SHOWN_DEFAULT = "shown_default"

@@ -17,8 +17,7 @@ import json
 import sys
 
 from seqmoe.cli.args import add_config_flags, config_from_args, progress
-from seqmoe.config import LoadConfig
-from seqmoe.runtime.calibrate import DEFAULT_TOKENS
+from seqmoe.config import CALIBRATION_TOKENS, LoadConfig
 from seqmoe.errors import UserError
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
@@ -70,7 +69,8 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     add_config_flags(cal, LoadConfig)
     cal.add_argument("--text", metavar="DIR", help="folder of .txt / .md / .py files (default: the stdlib source)")
-    cal.add_argument("--tokens", type=int, default=DEFAULT_TOKENS, help=f"tokens of text to read (default: {DEFAULT_TOKENS})")
+    cal.add_argument("--tokens", type=int, default=CALIBRATION_TOKENS,
+                     help=f"tokens of text to read (default: {CALIBRATION_TOKENS})")
     cal.add_argument("--json", action="store_true", help="print the summary as one JSON object on the last line")
     cal.set_defaults(func=run_calibrate)
 

@@ -18,12 +18,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from seqmoe.config import CALIBRATION_TOKENS
 from seqmoe.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".c", ".js", ".html")
 """Files `texts_from` reads from a folder."""
-DEFAULT_TOKENS = 20_000
-"""Tokens of text a calibration reads when not told otherwise."""
 
 
 def texts_from(folder: str | os.PathLike) -> list[str]:
@@ -45,7 +44,7 @@ def default_texts() -> list[str]:
     return stdlib_corpus().train_texts()
 
 
-def calibrate(model, tokenizer, texts: list[str], *, max_tokens: int = DEFAULT_TOKENS, chunk: int = 512,
+def calibrate(model, tokenizer, texts: list[str], *, max_tokens: int = CALIBRATION_TOKENS, chunk: int = 512,
               progress: bool = True) -> dict:
     """Learn `model`'s online forecaster from its routing over `texts` (at most `max_tokens` tokens, in
     requests of `chunk` tokens) and save it where `offload` finds it. Returns a summary."""
