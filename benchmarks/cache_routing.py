@@ -45,6 +45,26 @@ def decode(model, requests):
     return argmax, nll, torch.stack(logp)
 
 
+def full_load_reference(tokens: int):
+    """(training trace, seqmoe-tiny at float32, held-out requests of about `tokens` tokens (whole
+    requests), `decode` of them at full load); the perplexity is printed on stderr (also
+    `twin_quality.py`'s)."""
+    from seqmoe.collect import load_model
+    from seqmoe.tiny.traces import load_demo_traces
+
+    train, test = load_demo_traces()
+    off, requests = test.request_offsets, []
+    for a, b in zip(off[:-1].tolist(), off[1:].tolist()):
+        requests.append(test.token_ids[a:b].tolist())
+        if sum(map(len, requests)) >= tokens:
+            break
+    model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
+    full = decode(model, requests)
+    print(f"full load: perplexity {math.exp(full[1] / len(full[0])):.3f} over {len(full[0])} positions",
+          file=sys.stderr)
+    return train, model, requests, full
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tokens", type=int, default=2000, help="held-out tokens decoded (whole requests)")
@@ -58,25 +78,16 @@ def main(argv=None) -> int:
 
     import torch
 
-    from seqmoe.collect import collect_trace, load_model
+    from seqmoe.collect import collect_trace
     from seqmoe.config import DEFAULT_HARDWARE
     from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement
     from seqmoe.runtime import offload
     from seqmoe.sim import simulate
-    from seqmoe.tiny.traces import load_demo_traces
 
     torch.set_num_threads(1)
-    train, test = load_demo_traces()
-    off, requests = test.request_offsets, []
-    for a, b in zip(off[:-1].tolist(), off[1:].tolist()):
-        requests.append(test.token_ids[a:b].tolist())
-        if sum(map(len, requests)) >= args.tokens:
-            break
-    model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
-    full_argmax, full_nll, _ = decode(model, requests)
+    train, model, requests, (full_argmax, full_nll, _) = full_load_reference(args.tokens)
     n = len(full_argmax)
     full_ppl = math.exp(full_nll / n)
-    print(f"full load: perplexity {full_ppl:.3f} over {n} positions", file=sys.stderr)
     # One forward per request drops each request's last token, as `decode` scores none after it.
     recorded = collect_trace(model, [ids[:-1] for ids in requests], router_logits=True)
     rows, exact_misses, sim_exact = [], None, None

@@ -26,21 +26,19 @@ def add_shared_flag(p) -> None:
 
 def puffin_split(shared: str | Path):
     """(train, test) of the shared Puffin trace, or None (with a note on stderr) when it is absent."""
-    puffin = Path(shared) / "data/traces/deepseek-v2-lite-puffin/puffin"
-    if not puffin.is_dir():
-        print(f"shared traces not found at {puffin}; DeepSeek-V2-Lite skipped", file=sys.stderr)
-        return None
-    trace = load_trace(puffin)
-    R = trace.num_requests
-    return trace.select_requests(np.arange(R - TEST_PROMPTS)), trace.select_requests(np.arange(R - TEST_PROMPTS, R))
+    return _split(Path(shared) / "data/traces/deepseek-v2-lite-puffin/puffin", TEST_PROMPTS, "DeepSeek-V2-Lite")
 
 
 def mixtral_split(shared: str | Path):
     """(train, test) of the shared Mixtral-8x7B routing, or None (with a note on stderr) when it is absent."""
-    folder = Path(shared) / "data/traces/mixtral8x7b-speculative-moe/routing_data_collected"
+    return _split(Path(shared) / "data/traces/mixtral8x7b-speculative-moe/routing_data_collected", 2, "Mixtral-8x7B")
+
+
+def _split(folder: Path, test_requests: int, name: str):
+    """(all but the last `test_requests` requests, those) of the trace at `folder`, or None when absent."""
     if not folder.is_dir():
-        print(f"shared traces not found at {folder}; Mixtral-8x7B skipped", file=sys.stderr)
+        print(f"shared traces not found at {folder}; {name} skipped", file=sys.stderr)
         return None
     trace = load_trace(folder)
     R = trace.num_requests
-    return trace.select_requests(np.arange(R - 2)), trace.select_requests(np.arange(R - 2, R))
+    return trace.select_requests(np.arange(R - test_requests)), trace.select_requests(np.arange(R - test_requests, R))

@@ -19,7 +19,7 @@ import json
 import math
 import sys
 
-from cache_routing import decode
+from cache_routing import decode, full_load_reference
 
 
 def main(argv=None) -> int:
@@ -36,23 +36,13 @@ def main(argv=None) -> int:
 
     import torch
 
-    from seqmoe.collect import load_model
     from seqmoe.config import DEFAULT_HARDWARE
     from seqmoe.runtime import offload
-    from seqmoe.tiny.traces import load_demo_traces
 
     torch.set_num_threads(1)
-    train, test = load_demo_traces()
-    off, requests = test.request_offsets, []
-    for a, b in zip(off[:-1].tolist(), off[1:].tolist()):
-        requests.append(test.token_ids[a:b].tolist())
-        if sum(map(len, requests)) >= args.tokens:
-            break
-    model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
-    full_argmax, full_nll, full_logp = decode(model, requests)
+    train, model, requests, (full_argmax, full_nll, full_logp) = full_load_reference(args.tokens)
     n = len(full_argmax)
     full_ppl = math.exp(full_nll / n)
-    print(f"full load: perplexity {full_ppl:.3f} over {n} positions", file=sys.stderr)
     rows = []
     for twin in args.twins.split(","):
         base = None
