@@ -67,7 +67,7 @@ def main(argv=None) -> int:
 
     from seqmoe.predict.evaluate import evaluate_predictors
     from seqmoe.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
-    from seqmoe.predict.seqmodel import load_seq_predictor
+    from seqmoe.predict.checkpoints import load_seq_predictor
     from seqmoe.tiny.traces import load_demo_traces
 
     torch.set_num_threads(1)

@@ -25,7 +25,9 @@ from seqmoe.cache import belady_misses
 from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.config import DEFAULT_RESIDENCIES
 from seqmoe.manager import System, capacity_for, start_placement
-from seqmoe.predict.seqmodel import gru_step, load_seq_predictor, trace_buckets
+from seqmoe.predict.buckets import trace_buckets
+from seqmoe.predict.checkpoints import load_seq_predictor
+from seqmoe.predict.seqmodel import gru_step
 from seqmoe.profiles import get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.trace.io import load_trace

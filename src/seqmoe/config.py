@@ -24,6 +24,7 @@ from seqmoe.manager.placement import check_residency
 from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.model_dirs import DTYPES, resolve_model_dir
 from seqmoe.precision import check_precision, parse_bytes
+from seqmoe.predict.drafters import check_draft
 from seqmoe.profiles import HardwareProfile, get_hardware_profile
 from seqmoe.rerouting import ROUTINGS, check_routing
 
@@ -104,11 +105,15 @@ class SimConfig:
     --twin-budget (the trace needs gate weights; the bound is left out)."""
     twin_budget: float | None = field(default=None, metadata={SHOWN_DEFAULT: DEFAULT_TWIN_BUDGET})
     """Gate weight per token the twins may serve, summed over its MoE layers."""
+    draft: str = "none"
+    """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
+    n-grams guess the next token; the forecaster weighs the guess by its measured hit rate)."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 
     def __post_init__(self) -> None:
         check_residency(self.residency)
+        check_draft(self.draft)
         if self.memory is not None:
             parse_bytes(self.memory, "--memory")
         check_precision(self.expert_dtype)
@@ -197,6 +202,9 @@ class OffloadConfig:
     weight computes from its twin, read over the link, within --twin-budget."""
     twin_budget: float | None = field(default=None, metadata={SHOWN_DEFAULT: DEFAULT_TWIN_BUDGET})
     """Gate weight per token the twins may serve, summed over its MoE layers."""
+    draft: str = "none"
+    """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
+    n-grams guess the next token; the forecaster weighs the guess by its hit rate, counted as it goes)."""
     device: str | None = None
     """Device of the pool and the dense layers: cpu, cuda or cuda:N (default: the model's; the commands
     take cuda when available)."""
@@ -241,6 +249,7 @@ class OffloadConfig:
             raise UserError(f"control must be one of: {', '.join(CONTROLS)}; got {self.control!r}")
         check_routing(self.routing, self.max_kl)
         check_twin(self.twin, self.twin_budget)
+        check_draft(self.draft)
         if self.twin is not None and self.control == "thread":
             raise UserError("the twin miss path computes a twin from the routing the host reads: it runs with "
                             "control='inline' (--control inline)")

@@ -12,6 +12,7 @@ import dataclasses
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from seqmoe.cache.forecast import ForecastPolicy
@@ -21,9 +22,9 @@ from seqmoe.manager.compiled import _build_dir
 from seqmoe.manager.base import System
 from seqmoe.manager.state import MemoryManager
 from seqmoe.manager.systems import SYSTEMS
-from seqmoe.predict.affinity import AffinityPredictor
+from seqmoe.predict.baselines.affinity import AffinityPredictor
 from seqmoe.predict.oracle import OracleForecaster
-from seqmoe.predict.seqmodel import load_seq_predictor
+from seqmoe.predict.checkpoints import load_seq_predictor
 from seqmoe.schedule.deadline import DeadlinePrefetcher
 from seqmoe.sim import simulate
 from tests.conftest import drive, make_trace, tiny_hardware, tiny_model
@@ -79,14 +80,17 @@ def test_compiled_equals_reference_with_certain_forecasts(seed, r, bw, replan):
     assert fast == ref
 
 
-@pytest.mark.parametrize("name", ["seqmoe", "seqmoe-lru-eviction"])
-def test_compiled_equals_reference_with_the_trained_forecaster(name, tiny_forecaster):
+@pytest.mark.parametrize("name,draft", [("seqmoe", "none"), ("seqmoe-lru-eviction", "none"), ("seqmoe", "ngram"),
+                                        ("seqmoe-oracle-draft", "none")])
+def test_compiled_equals_reference_with_the_trained_forecaster(name, draft, tiny_forecaster):
     d, train, test = tiny_forecaster
+    if draft != "none" or name == "seqmoe-oracle-draft":  # token ids whose n-grams recur
+        test = dataclasses.replace(test, token_ids=np.resize(np.array([1, 2, 3, 4, 2, 3, 5], np.int32), test.num_tokens))
     pred = load_seq_predictor(d / "pred")
     for r, bw in ((0.3, 3e9), (0.6, 3e10), (0.25, 1e9)):
         C = capacity_for(r, test.num_layers, test.num_experts, test.top_k)
         start = start_placement(train, C)
-        inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=pred)
+        inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=pred, draft=draft)
         ref, fast = (_counts(test, lambda: build_system(name, inputs), C, start, bw, compiled) for compiled in (False, True))
         assert fast == ref
 

@@ -11,7 +11,7 @@ from seqmoe.predict.base import Forecast
 from seqmoe.predict.evaluate import (
     default_horizons, evaluate_predictor, evaluate_predictors, format_table, plot_recall, topk_hits,
 )  # fmt: skip
-from seqmoe.predict.freq import FrequencyPredictor, layer_popularity
+from seqmoe.predict.baselines.freq import FrequencyPredictor, layer_popularity
 from tests.conftest import make_trace
 
 

@@ -18,7 +18,7 @@ from seqmoe.predict.online import (
     NoLearner, OnlineForecaster, OnlineSchedule, cold_prior, fit_prior, learn_round, online_config, online_forecaster,
 )
 from seqmoe.predict.learner import ProcessLearner
-from seqmoe.predict.seqmodel import save_checkpoint
+from seqmoe.predict.checkpoints import save_checkpoint
 from seqmoe.sim import simulate
 from tests.conftest import make_trace, tiny_hardware
 

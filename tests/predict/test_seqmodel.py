@@ -14,10 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from seqmoe.errors import UserError  # noqa: E402
+from seqmoe.predict.buckets import trace_buckets  # noqa: E402
 from seqmoe.predict.evaluate import evaluate_predictor  # noqa: E402
-from seqmoe.predict.seqmodel import (  # noqa: E402
-    SeqConfig, SeqPredictor, load_seq_predictor, save_checkpoint, trace_buckets,
-)  # fmt: skip
+from seqmoe.predict.checkpoints import load_seq_predictor, save_checkpoint  # noqa: E402
+from seqmoe.predict.seqmodel import SeqConfig, SeqPredictor  # noqa: E402
 from seqmoe.predict.seqnet import SeqNet  # noqa: E402
 from seqmoe.predict.train import train_seq_predictor  # noqa: E402
 from seqmoe.trace.schema import RoutingTrace, TraceMeta  # noqa: E402
@@ -251,6 +251,13 @@ def test_cli_train_and_eval(tiny_trace, tmp_path, capsys):
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert set(res["predictors"]) == {"seqmoe", "frequency", "affinity-style", "moe-infinity-style", "expertflow-style"}
     assert (tmp_path / "r.png").exists()
+    args = parser.parse_args(["eval-predictor", "--trace", str(tmp_path / "t.safetensors"), "--predictor", str(out),
+                              "--draft", "ngram", "--tokens-ahead", "5", "--json"])
+    assert args.func(args) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    res = json.loads(lines[-1])
+    assert set(res["predictors"]) == {"seqmoe", "seqmoe + ngram drafts"} and res["horizons"][-1] == 5 * 3
+    assert any(line.split()[-1] == "h=5L" for line in lines)
     args = parser.parse_args(["train", "--trace", str(tmp_path / "t.safetensors"), "--out", str(out), "--epochs", "0"])
     with pytest.raises(UserError, match="epochs"):
         args.func(args)

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from seqmoe.errors import UserError
-from seqmoe.predict.seqmodel import load_seq_predictor
+from seqmoe.predict.drafters import NgramDrafter
+from seqmoe.predict.checkpoints import load_seq_predictor
 from seqmoe.runtime import live_systems, offload
 from seqmoe.sim import simulate
 from seqmoe.manager.systems import SYSTEMS, SystemInputs, build_system
@@ -59,6 +60,26 @@ def test_counts_equal_the_simulators_and_generation_is_exact(system, predictor_d
     assert got == (c.ready, c.late, c.misses, c.prefetches, c.wasted_copies, c.cancelled)
     assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
     assert s["prefetches"] > 0  # the forecaster drove prefetches
+
+
+def test_drafted_look_ahead_live_equals_the_simulators(predictor_dir):
+    """With n-gram drafts the live counts still equal the simulator's replay with the same drafter, and
+    generation stays exact."""
+    ref = reference("olmoe")
+    model = fresh("olmoe")
+    rt = offload(model, 0.3, "seqmoe", train=ref.train, predictor=str(predictor_dir), hardware=TEST_HW, draft="ngram")
+    outs = [greedy(model, p, 6) for p in PROMPTS]
+    drafter = rt.controller.system.predictor.drafter
+    trace, s = rt.trace(), rt.stats()
+    rt.restore()
+    for p, out in zip(PROMPTS, outs):
+        assert torch.equal(out, greedy(ref.model, p, 6))
+    assert drafter.tries.sum() > NgramDrafter().fit(ref.train).tries.sum()  # it guessed live
+    replay = build_system("seqmoe", SystemInputs(train=ref.train, test=trace, capacity=rt.capacity, start=tuple(rt.start),
+                                                 predictor=load_seq_predictor(predictor_dir), draft="ngram"), rt.miss)
+    c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
+    assert (s["ready"], s["late"], s["misses"], s["prefetches"]) == (c.ready, c.late, c.misses, c.prefetches)
+    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
 
 
 def test_token_ids_reach_the_forecaster_as_simulate_passes_them(predictor_dir):

@@ -61,7 +61,7 @@ def test_live_pregate_decides_what_the_simulator_decides(system, predictor_dir):
     T, L, _, E = collected.pregate_logits.shape
     rows = pregate_probs(collected.pregate_logits.reshape(T * L, H, E), collected.top_k)
     assert seen and all(np.array_equal(r, rows[step], equal_nan=True) for step, r in seen.items())
-    from seqmoe.predict.seqmodel import load_seq_predictor
+    from seqmoe.predict.checkpoints import load_seq_predictor
 
     inputs = SystemInputs(train=_train(), test=collected, capacity=rt.capacity, start=tuple(rt.start),
                           predictor=load_seq_predictor(predictor_dir) if pred else None)

@@ -168,7 +168,7 @@ def test_the_price_of_a_copy_follows_the_channel_busy_share_within_its_bounds():
 def test_a_saturated_channel_prices_copies_high_and_an_idle_one_at_the_floor(compiled):
     """The managers' measured busy share: ~1 over a slow link, ~0 over a fast one; the margin follows."""
     from seqmoe.manager import build_manager
-    from seqmoe.predict.affinity import AffinityPredictor
+    from seqmoe.predict.baselines.affinity import AffinityPredictor
 
     train, test = make_trace(seed=5), make_trace(seed=6, num_tokens=80)
     C = capacity_for(0.3, test.num_layers, test.num_experts)

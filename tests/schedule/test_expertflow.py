@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqmoe.predict.expertflow import ExpertFlowPredictor
+from seqmoe.predict.baselines.expertflow import ExpertFlowPredictor
 from seqmoe.schedule.expertflow import AdaptiveHorizonPrefetcher, ExpertFlowShared, TwoLevelLRUPolicy
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 

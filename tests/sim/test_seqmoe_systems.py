@@ -11,7 +11,7 @@ import pytest
 
 from seqmoe.cli import main
 from seqmoe.errors import UserError
-from seqmoe.predict.seqmodel import load_seq_predictor
+from seqmoe.predict.checkpoints import load_seq_predictor
 from seqmoe.manager.systems import SYSTEMS
 from tests.sim.test_replay import replay
 

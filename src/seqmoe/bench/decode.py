@@ -131,7 +131,7 @@ def measured_hardware(mp: ModelProfile, token_s: float, copy_s: float, overhead_
 def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
     if predictor is not None:
         return predictor
-    from seqmoe.predict.seqmodel import load_seq_predictor
+    from seqmoe.predict.checkpoints import load_seq_predictor
     from seqmoe.predict.train import train_seq_predictor
 
     log(f"training a small forecaster on the trace ({train.num_tokens} tokens, up to {60 * minutes:.0f} s)")

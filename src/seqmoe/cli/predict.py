@@ -19,6 +19,7 @@ import sys
 from seqmoe.cli.args import add_config_flags, config_from_args, progress
 from seqmoe.config import CALIBRATION_TOKENS, LoadConfig
 from seqmoe.errors import UserError
+from seqmoe.predict.drafters import DRAFTERS
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
 
@@ -55,6 +56,12 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
     ev.add_argument("--predictor", required=True, metavar="DIR", help="checkpoint folder written by `seqmoe train`")
     ev.add_argument("--train", metavar="TRAIN", help="training trace: also score the baselines fitted on it")
     ev.add_argument("--stride", type=int, default=1, help="score every STRIDE-th position (default: 1, all)")
+    ev.add_argument("--draft", choices=DRAFTERS, default="none",
+                    help="also score the forecaster reading this drafter's guesses of the next tokens (its hit rates "
+                    "counted on --train when given) (default: none)")
+    ev.add_argument("--tokens-ahead", type=int, default=2, metavar="N",
+                    help="also score 5, 10 and 20 tokens ahead, up to N (the forecaster recurses past the next "
+                    "token; default: 2)")
     ev.add_argument("--plot", metavar="FILE", help="write a PNG of recall against horizon")
     ev.add_argument("--json", action="store_true", help="print the results as one JSON object on the last line")
     ev.set_defaults(func=run_eval)
@@ -122,12 +129,11 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _baselines(train_path: str, test) -> dict:
+def _baselines(train, test) -> dict:
     """The forecasts to compare with seqmoe's: training-split frequency, and each baseline system's own."""
     from seqmoe.manager.systems import SYSTEMS
-    from seqmoe.predict.freq import FrequencyPredictor
+    from seqmoe.predict.baselines.freq import FrequencyPredictor
 
-    train = load_trace(train_path)
     check_dims("--train", train, test, "use traces of the same model", against="--trace")
     H = 2 * train.num_layers
     return {"frequency": FrequencyPredictor(train, horizon=H),
@@ -136,23 +142,34 @@ def _baselines(train_path: str, test) -> dict:
 
 def run_eval(args: argparse.Namespace) -> int:
     """`seqmoe eval-predictor`: recall@K and recall@2K tables, optional plot and JSON line."""
-    from seqmoe.predict.evaluate import evaluate_predictors, format_table, plot_recall
-    from seqmoe.predict.seqmodel import load_seq_predictor
+    from seqmoe.predict.drafters import make_drafter
+    from seqmoe.predict.evaluate import default_horizons, evaluate_predictors, format_table, plot_recall
+    from seqmoe.predict.checkpoints import load_seq_predictor
 
     if args.stride < 1:
         raise UserError(f"--stride must be at least 1, got {args.stride}")
+    if args.tokens_ahead < 1:
+        raise UserError(f"--tokens-ahead must be at least 1, got {args.tokens_ahead}")
     test = load_trace(args.trace)
+    train = load_trace(args.train) if args.train else None
     seq = load_seq_predictor(args.predictor)
     seq.check_trace(test)
-    predictors = {"seqmoe": seq, **(_baselines(args.train, test) if args.train else {})}
-    res = evaluate_predictors(test, predictors, stride=args.stride, progress=progress(args))
+    predictors = {"seqmoe": seq}
+    if args.draft != "none":
+        drafted = seq.with_window(None)
+        drafted.check_trace(test)
+        predictors[f"seqmoe + {args.draft} drafts"] = drafted.use_drafter(make_drafter(args.draft, train))
+    predictors.update(_baselines(train, test) if train is not None else {})
+    res = evaluate_predictors(test, predictors, horizons=default_horizons(test.num_layers, args.tokens_ahead),
+                              stride=args.stride, progress=progress(args))
     res.update(trace=str(args.trace), predictor=str(args.predictor), train=args.train)
     print(format_table(res))
     print(format_table(res, "recall_at_2k"))
     print("host us per layer, simulator path (observe + predict): "
           + ", ".join(f"{n} {r['decision']['us_per_layer']:.1f}" for n, r in res["predictors"].items()))
     if args.plot:
-        cmd = f"seqmoe eval-predictor --trace {args.trace} --predictor {args.predictor}"
+        cmd = (f"seqmoe eval-predictor --trace {args.trace} --predictor {args.predictor} --draft {args.draft} "
+               f"--tokens-ahead {args.tokens_ahead}")
         plot_recall(res, args.plot, caption=cmd + (f" --train {args.train}" if args.train else ""))
     if args.json:
         print(json.dumps(res))

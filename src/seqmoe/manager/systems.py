@@ -24,7 +24,8 @@ from seqmoe.cache.forecast import ForecastPolicy
 from seqmoe.manager.miss_paths import Twin, check_miss
 from seqmoe.manager.base import System
 from seqmoe.predict.base import Predictor
-from seqmoe.predict.expertflow import ExpertFlowPredictor
+from seqmoe.predict.drafters import TrueTokenDrafter, make_drafter
+from seqmoe.predict.baselines.expertflow import ExpertFlowPredictor
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
 from seqmoe.predict.seqmodel import DEFAULT_WINDOW
 from seqmoe.schedule import GreedyPrefetcher, OraclePrefetcher
@@ -55,6 +56,8 @@ class SystemInputs:
     prior: tuple | None = None
     """Online: the seqmoe systems' prior beyond the forecast, (use rates [L * E], `ReuseTable` or None),
     in place of the training trace's (`seqmoe.predict.online.cold_prior`); None: learned from `train`."""
+    draft: str = "none"
+    """The seqmoe systems' drafter of the next tokens (`seqmoe.predict.drafters.DRAFTERS`)."""
     pregate: object | None = None
     """Pre-gate rows computed live (`seqmoe.runtime.eager.pregate.LivePregate`), in place of `test`'s recorded ones."""
 
@@ -284,7 +287,7 @@ def _seq(inp: SystemInputs):
                         "learn online")
     predictor = inp.predictor.with_window(DEFAULT_WINDOW)
     predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
-    return predictor
+    return predictor.use_drafter(make_drafter(inp.draft, inp.train))
 
 
 @register_system("seqmoe", "seq2seq forecast, deadline-aware joint prefetch, probabilistic Belady eviction",
@@ -356,3 +359,12 @@ def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
     # Re-planning after each layer's compute pays with a certain forecast (not with seqmoe's: docs/LOG.md).
     return System("seqmoe-oracle-forecast", policy, OracleForecaster(t, 20 * t.num_layers),
                   DeadlinePrefetcher(policy, replan_after_compute=True))
+
+
+@register_system("seqmoe-oracle-draft", "seqmoe fed the true next token as its draft (confidence 1): drafting's ceiling "
+                 "(a trace without token ids drafts nothing)",
+                 role="oracle", needs_predictor=True)
+def _seqmoe_oracle_draft(inp: SystemInputs) -> System:
+    policy = _prior(inp)
+    predictor = _seq(inp).use_drafter(TrueTokenDrafter(inp.test))
+    return System("seqmoe-oracle-draft", policy, predictor, DeadlinePrefetcher(policy))

@@ -108,6 +108,27 @@ def token_base(q_h_w, q_h_b, q_tok_row, h):
     return out
 
 
+@nb.njit(cache=True, fastmath=True)
+def drafted_rows(x_fixed, rest_probs, route_in, first_uid, w_ih, w_hh, b_ih, b_hh, h, q_h_w, q_h_b, q_fixed,
+                 norm_w, norm_b, mlp_w, mlp_b, out_w, out_b, L, E, K):
+    """[L, E] the next token's forecast given its guessed token (`SeqPredictor._direct`'s drafted rows):
+    the GRU steps on the current token's input (x_fixed, its routing so far and token, plus the forecast
+    of its layers ahead, rest_probs [R, E] from uid first_uid on), then the query at the next token
+    (q_fixed = q_tok[guess] + q_layer[0]) forecasts row block 0."""
+    x = x_fixed.copy()
+    R = rest_probs.shape[0]
+    for r in range(R):
+        for e in range(E):
+            p = rest_probs[r, e]
+            if p != 0:
+                x += p * route_in[first_uid + r * E + e]
+    base = token_base(q_h_w, q_h_b, q_fixed, gru_step(w_ih, w_hh, b_ih, b_hh, h, x))
+    rows = np.empty((L, E), dtype=np.float32)
+    refresh_rows(base, np.zeros_like(base), np.zeros_like(base), norm_w, norm_b, mlp_w, mlp_b, out_w, out_b,
+                 0, L, E, K, rows)
+    return rows
+
+
 @functools.cache
 def warm_up() -> None:
     """Call each kernel once with the argument types `SeqPredictor` passes: numba loads a cached
@@ -121,3 +142,6 @@ def warm_up() -> None:
     gates, gate_b = np.zeros((3 * Z, Z), f32), np.zeros(3 * Z, f32)
     gru_step(gates, gates, gate_b, gate_b, vec, vec)
     token_base(np.zeros((Z, Z), f32), vec, vec, vec)
+    drafted_rows(vec, np.zeros((1, E), f32), np.zeros((2 * E, Z), f32), 0, gates, gates, gate_b, gate_b, vec,
+                 np.zeros((Z, Z), f32), vec, vec, vec, vec, np.zeros((Z, Z), f32), vec, mat, np.zeros(2 * E, f32),
+                 1, E, 1)

@@ -1,4 +1,5 @@
-"""Find or train the seq2seq forecaster a replay needs, and find the one a model learned online.
+"""Save and load the seq2seq forecaster; find or train the one a replay needs, and find the one a
+model learned online.
 
     predictor = seq_predictor_for(cfg.predictor, train)   # a checkpoint dir, or None: train (cached)
     weights, info = load_online(online_dir(key), config) or (None, {})
@@ -11,14 +12,75 @@ learned online (`seqmoe.predict.online`) is kept there too, keyed by the model's
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sys
 import warnings
 from pathlib import Path
 
+import numpy as np
+
 from seqmoe.errors import UserError
-from seqmoe.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor, load_seq_predictor
+from seqmoe.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace
+
+FORMAT = "seqmoe-seq-predictor"
+VERSION = "1"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def save_checkpoint(out_dir: str | os.PathLike, config: SeqConfig, weights: dict[str, np.ndarray],
+                    info: dict) -> None:
+    """Write `model.safetensors` (float32 weights) and `config.json` (config + info) into `out_dir`."""
+    from safetensors.numpy import save_file
+
+    from seqmoe._files import atomic_path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, tmp, metadata={"format": FORMAT, "version": VERSION})
+    doc = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), **info}
+    with atomic_path(out / CONFIG_FILE) as tmp:
+        Path(tmp).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def load_seq_predictor(path: str | os.PathLike, *, window: int | None = None) -> SeqPredictor:
+    """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt.
+
+    `window`: see `SeqPredictor` (None: the reference inference)."""
+    from safetensors import SafetensorError, safe_open
+
+    d = Path(path)
+    hint = "train one with `seqmoe train --trace TRAIN --out DIR`"
+    if not d.is_dir():
+        raise PredictorError(f"no predictor folder at {d}; {hint}")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (d / name).is_file():
+            raise PredictorError(f"{d} lacks {name}: not a predictor checkpoint; {hint}")
+    try:
+        doc = json.loads((d / CONFIG_FILE).read_text())
+        if doc.get("format") != FORMAT:
+            raise PredictorError(f"{d / CONFIG_FILE}: format {doc.get('format')!r}, expected {FORMAT!r}")
+        if doc.get("version") != VERSION:
+            raise PredictorError(f"{d / CONFIG_FILE}: version {doc.get('version')!r}; this seqmoe reads {VERSION}")
+        config = SeqConfig.from_dict(doc["config"])
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise PredictorError(f"{d / CONFIG_FILE}: unreadable predictor config ({e})") from None
+    try:
+        with safe_open(d / WEIGHTS_FILE, framework="numpy") as f:
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise PredictorError(f"{d / WEIGHTS_FILE}: unreadable weights ({e})") from None
+    want = config.weight_shapes()
+    bad = [f"{k}: {weights[k].shape if k in weights else 'missing'} != {s}" for k, s in want.items()
+           if k not in weights or tuple(weights[k].shape) != s]
+    if bad:
+        raise PredictorError(f"{d / WEIGHTS_FILE} does not match {CONFIG_FILE}: {'; '.join(bad[:3])}")
+    return SeqPredictor(config, weights, {k: v for k, v in doc.items() if k not in ("format", "version", "config")},
+                        window=window)
 
 
 def trace_fingerprint(trace: RoutingTrace) -> str:

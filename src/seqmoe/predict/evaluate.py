@@ -29,12 +29,15 @@ from seqmoe.predict.base import Predictor
 from seqmoe.trace.schema import RoutingTrace
 
 BASE_HORIZONS = (1, 2, 4, 8, 13)
+FAR_TOKENS = (5, 10, 20)
 _CHUNK = 8192  # rows scored at once
 
 
-def default_horizons(num_layers: int) -> tuple[int, ...]:
-    """1, 2, 4, 8, 13 layers ahead (those below 2L), one token (L) and two tokens (2L) ahead."""
+def default_horizons(num_layers: int, tokens: int = 2) -> tuple[int, ...]:
+    """1, 2, 4, 8, 13 layers ahead (those below 2L), one token (L) and two tokens (2L) ahead, and
+    5, 10 and 20 tokens ahead up to `tokens`."""
     hs = {h for h in BASE_HORIZONS if h < 2 * num_layers} | {num_layers, 2 * num_layers}
+    hs |= {k * num_layers for k in FAR_TOKENS if k <= tokens}
     return tuple(sorted(hs))
 
 
@@ -215,12 +218,14 @@ def format_table(results: dict, metric: str = "recall_at_k") -> str:
     """A text table: one row per predictor, one column per horizon."""
     hs = results["horizons"]
     L = results.get("num_layers")
-    names = {h: ("L" if h == L else "2L" if L and h == 2 * L else str(h)) for h in hs}
+    names = {h: ("L" if h == L else f"{h // L}L" if L and h > L and h % L == 0 else str(h)) for h in hs}
     width = max([len("predictor")] + [len(n) for n in results["predictors"]])
     head = f"{'predictor':<{width}}  " + "  ".join(f"{'h=' + names[h]:>6}" for h in hs)
     lines = [f"{metric} by horizon (positions ahead)", head]
     for name, res in results["predictors"].items():
-        lines.append(f"{name:<{width}}  " + "  ".join(f"{res[metric][h]:>6.3f}" for h in hs))
+        # "-": the predictor forecasts no row that far
+        lines.append(f"{name:<{width}}  " + "  ".join(
+            f"{res[metric][h]:>6.3f}" if res["uncovered"][h] < res["targets"][h] else f"{'-':>6}" for h in hs))
     return "\n".join(lines)
 
 

@@ -159,7 +159,7 @@ def main() -> int:
     except OSError:
         pass
     from seqmoe.predict.online import learn_round
-    from seqmoe.predict.seqmodel import save_checkpoint
+    from seqmoe.predict.checkpoints import save_checkpoint
     from seqmoe.predict.train import OnlineTrainer
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer

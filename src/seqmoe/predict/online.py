@@ -29,7 +29,8 @@ import numpy as np
 
 from seqmoe.cache.reuse import ReuseTable
 from seqmoe.predict.base import Forecast
-from seqmoe.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor, bucket_of, bucket_table
+from seqmoe.predict.buckets import bucket_of, bucket_table
+from seqmoe.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
 
 ONLINE_DIMS = {"hash_buckets": 4096, "embed_dim": 128, "hidden_dim": 128, "query_dim": 128}
@@ -169,6 +170,7 @@ class OnlineForecaster:
         self._replay = None if replay is None else [tuple(x) for x in replay]
         self.new_prior: tuple | None = None
         """(use rates, reuse table) of the latest swap, until the memory manager takes it."""
+        self.drafter = None
 
     @property
     def horizon(self) -> int:
@@ -176,6 +178,13 @@ class OnlineForecaster:
 
     def with_window(self, window: int | None) -> OnlineForecaster:
         """Itself: the online forecaster always forecasts once per token (`DEFAULT_WINDOW`)."""
+        return self
+
+    def use_drafter(self, drafter) -> OnlineForecaster:
+        """As `SeqPredictor.use_drafter`, for the forecaster it has and every one it learns."""
+        self.drafter = drafter
+        if self.inner is not None:
+            self.inner.use_drafter(drafter)
         return self
 
     def check_trace(self, trace: RoutingTrace) -> None:
@@ -269,7 +278,7 @@ class OnlineForecaster:
 
     def _swap(self, weights: dict) -> None:
         if self.inner is None:
-            self.inner = SeqPredictor(self.config, weights, window=DEFAULT_WINDOW)
+            self.inner = SeqPredictor(self.config, weights, window=DEFAULT_WINDOW).use_drafter(self.drafter)
             self.inner._table = self._table
         else:
             self.inner.set_weights(weights)

@@ -15,6 +15,11 @@ Further tokens come by recursion: x_hat_t mixes token t's true routing at layers
 the forecast probabilities at the later layers, the GRU steps on it, and the query with
 l_known = -1 and an unknown token forecasts two more tokens; forecasts feed back as inputs.
 
+With a drafter (`seqmoe.predict.drafters`), a token guessed with confidence c is forecast twice: as
+the query at that token with the guessed bucket forecasts it (row block 0, after the GRU stepped on
+x_hat of the token before), and as without the guess; its rows are c x the first + (1 - c) x the
+second, and the guess enters the recursion's inputs with the same weight.
+
 Inference is incremental and needs no torch: `observe` adds the K new rows of q_part and route_in
 to running sums; the GRU steps once per token; `predict` costs one LayerNorm, one [H, H] matvec and
 one matvec with the rows of `out` still ahead.
@@ -26,33 +31,29 @@ time). W = 0 (what the memory manager uses: `DEFAULT_WINDOW`) keeps the token's 
 later `predict`s of the token return None, "no new forecast". Those calls run compiled
 (`_seq_kernels`).
 
-    pred = load_seq_predictor("results/predictor-deepseek")
+    pred = load_seq_predictor("results/predictor-deepseek")   # seqmoe.predict.checkpoints
     pred.check_trace(test)          # L/E/K must match; binds the trace's vocabulary
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import zlib
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from seqmoe.errors import UserError
 from seqmoe.predict import _seq_kernels as kernels
 from seqmoe.predict.base import Forecast
+from seqmoe.predict.buckets import bucket_of, bucket_table
 from seqmoe.trace.schema import RoutingTrace, check_dims
 
-FORMAT = "seqmoe-seq-predictor"
-VERSION = "1"
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
 DEFAULT_WINDOW = 0
 """Positions re-forecast at each layer by the memory manager's forecaster (see the module doc): none,
 one forecast per token; re-forecasting after each layer cost time and copies (docs/LOG.md)."""
+DRAFT_DEPTH = 20
+"""Tokens a drafter is asked to guess for the reference inference's recursion (`forecast`); a
+forecast window reads only the next token's guess."""
 
 
 class PredictorError(UserError):
@@ -100,41 +101,6 @@ class SeqConfig:
             "q_h_w": (Z, H), "q_h_b": (Z,), "q_part": (LE, Z), "q_tok": (B + 1, Z), "q_layer": (self.num_layers + 1, Z),
             "q_norm_w": (Z,), "q_norm_b": (Z,), "mlp_w": (Z, Z), "mlp_b": (Z,), "out_w": (2 * LE, Z), "out_b": (2 * LE,),
         }  # fmt: skip
-
-
-def token_bucket(token: str | int | None, buckets: int) -> int:
-    """Hash bucket of a token string (or int id when there is no vocabulary); None -> unknown (= buckets)."""
-    if token is None:
-        return buckets
-    data = token.encode("utf-8") if isinstance(token, str) else int(token).to_bytes(8, "little", signed=True)
-    return zlib.crc32(data) % buckets
-
-
-def bucket_table(trace: RoutingTrace, buckets: int) -> np.ndarray | None:
-    """[V] int64 bucket of every token id of `trace` (hash of the string when it has a vocab); None without ids."""
-    if trace.token_ids is None:
-        return None
-    if trace.vocab is not None:
-        return np.array([token_bucket(s, buckets) for s in trace.vocab], dtype=np.int64)
-    return np.array([token_bucket(i, buckets) for i in range(int(trace.token_ids.max()) + 1)], dtype=np.int64)
-
-
-def bucket_of(token_id: int | None, table: np.ndarray | None, buckets: int) -> int:
-    """Bucket of a token id: through `table` (`bucket_table` of the trace's vocabulary) when given,
-    else the hash of the id; None or an id outside the table -> unknown (= buckets)."""
-    if token_id is None:
-        return buckets
-    if table is not None:
-        return int(table[token_id]) if 0 <= token_id < len(table) else buckets
-    return token_bucket(int(token_id), buckets)
-
-
-def trace_buckets(trace: RoutingTrace, buckets: int) -> np.ndarray:
-    """[T] int64 token bucket of every token (all `buckets`, i.e. unknown, without token ids)."""
-    table = bucket_table(trace, buckets)
-    if table is None:
-        return np.full(trace.num_tokens, buckets, dtype=np.int64)
-    return table[trace.token_ids.astype(np.int64)]
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -186,6 +152,7 @@ class SeqPredictor:
         self._obs = np.concatenate([self.w["q_part"], self.w["route_in"]], axis=1)
         self._rows_now = np.zeros((2 * self.L, self.E), dtype=np.float32)  # window mode's latest rows
         self._offsets = np.arange(2 * self.L, dtype=np.int64)
+        self.drafter = None
         self.begin_request()
 
     @property
@@ -203,6 +170,12 @@ class SeqPredictor:
         """A fresh predictor on the same weights with another forecast window (see the class)."""
         return SeqPredictor(self.config, self.w, self.info, window=window)
 
+    def use_drafter(self, drafter) -> SeqPredictor:
+        """Read `drafter`'s guesses of the next tokens as look-ahead (None: no drafts); returns self."""
+        self.drafter = drafter
+        self.begin_request()
+        return self
+
     # -- trace binding ----------------------------------------------------------------------------
     def check_trace(self, trace: RoutingTrace) -> None:
         """Raise UserError unless `trace` has this checkpoint's L, E, K; bind its vocabulary
@@ -219,9 +192,17 @@ class SeqPredictor:
         self._h = self.w["h0"].copy()  # [H] state after the completed tokens
         self._t: int | None = None  # current token index
         self._lk = -1  # last observed layer of the current token
+        self._guess: tuple[list[int], list[float]] = ([], [])  # drafted buckets of t + 1, ... and confidences
+        if self.drafter is not None:
+            self.drafter.begin_request()
 
     def begin_token(self, step: int, token_id: int | None) -> None:
-        self._start_token(step // self.L, self._bucket(token_id))
+        t = step // self.L
+        self._start_token(t, self._bucket(token_id))
+        if self.drafter is not None:
+            self.drafter.see(t, token_id)
+            ids, conf = self.drafter.draft(1 if self.window is not None else DRAFT_DEPTH)
+            self._guess = ([self._bucket(i) for i in ids], conf)
 
     def observe(self, step: int, ids: np.ndarray) -> None:
         t, l = divmod(step, self.L)
@@ -275,6 +256,7 @@ class SeqPredictor:
         self._q_acc, self._x_acc = self._acc[:Z], self._acc[Z:]  # views: q_part sum [Z], route_in sum [D]
         self._observed = False
         self._fresh = False  # window mode: whether `_rows_now` holds a forecast of this token yet
+        self._guess = ([], [])
 
     def _query(self, pre: np.ndarray) -> np.ndarray:
         """[Z] pre-activation -> [Z] query vector (LayerNorm, relu, residual MLP)."""
@@ -284,17 +266,39 @@ class SeqPredictor:
         z1 = np.maximum(a * w["q_norm_w"] + w["q_norm_b"], 0.0)
         return z1 + np.maximum(w["mlp_w"] @ z1 + w["mlp_b"], 0.0)
 
-    def _rows(self, z: np.ndarray, first: int) -> np.ndarray:
-        """Probabilities of output rows first..2L-1 ([2L - first, E]) for query `z`."""
-        E = self.E
-        logits = self.w["out_w"][first * E:] @ z + self.w["out_b"][first * E:]
+    def _rows(self, z: np.ndarray, first: int, end: int | None = None) -> np.ndarray:
+        """Probabilities of output rows first..end-1 (default 2L; [end - first, E]) for query `z`."""
+        E, end = self.E, 2 * self.L if end is None else end
+        logits = self.w["out_w"][first * E:end * E] @ z + self.w["out_b"][first * E:end * E]
         return layer_probs(logits.reshape(-1, E), self.K)
+
+    def _pre(self, h: np.ndarray, bucket: int) -> np.ndarray:
+        """The query's pre-activation at a token's start (nothing of it routed) after state `h`."""
+        w = self.w
+        return w["q_h_w"] @ h + w["q_h_b"] + w["q_tok"][bucket] + w["q_layer"][0]
+
+    def _draft_of(self, u: int) -> tuple[int, float]:
+        """(bucket, confidence) of token u's guess; (unknown, 0) without one."""
+        buckets, conf = self._guess
+        k = u - self._t - 1
+        return (buckets[k], conf[k]) if 0 <= k < len(buckets) else (self._unknown, 0.0)
+
+    def _x_hat(self, rest_probs: np.ndarray) -> np.ndarray:
+        """The GRU input of the current token: its routing so far plus the forecast of its layers ahead."""
+        w, first = self.w, (self._lk + 1) * self.E
+        return self._x_acc + rest_probs.reshape(-1) @ w["route_in"][first:] + w["tok_in"][self._tok]
 
     def _direct(self) -> Forecast:
         z = self._query(self._base + self._q_acc + self.w["q_layer"][self._lk + 1])
         first = self._lk + 1
         pos = self._t * self.L + first
-        return Forecast(np.arange(pos, pos + 2 * self.L - first, dtype=np.int64), self._rows(z, first))
+        rows = self._rows(z, first)
+        bucket, c = self._draft_of(self._t + 1)
+        if c > 0:
+            rest = self.L - first
+            h = gru_step(self.w, self._h, self._x_hat(rows[:rest]))
+            rows[rest:] = c * self._rows(self._query(self._pre(h, bucket)), 0, self.L) + (1 - c) * rows[rest:]
+        return Forecast(np.arange(pos, pos + 2 * self.L - first, dtype=np.int64), rows)
 
     def _windowed(self) -> Forecast:
         """The next `window` positions forecast from the layers observed so far; the rows further out
@@ -307,79 +311,39 @@ class SeqPredictor:
         count = min(self.window, 2 * L - first) if self._fresh else 2 * L - first
         kernels.refresh_rows(self._base, self._q_acc, w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
                              w["mlp_w"], w["mlp_b"], w["out_w"], w["out_b"], first, count, E, self.K, rows)
+        bucket, c = self._draft_of(self._t + 1)
+        lo, hi = max(first, L), first + count  # the refreshed rows of the next token
+        if c > 0 and hi > lo:  # mixed with its rows given the guess, from the routing seen so far
+            drafted = kernels.drafted_rows(
+                self._x_acc + w["tok_in"][self._tok], rows[first:L], w["route_in"], first * E,
+                w["gru_w_ih"], w["gru_w_hh"], w["gru_b_ih"], w["gru_b_hh"], self._h, w["q_h_w"], w["q_h_b"],
+                w["q_tok"][bucket] + w["q_layer"][0], w["q_norm_w"], w["q_norm_b"], w["mlp_w"], w["mlp_b"],
+                w["out_w"], w["out_b"], L, E, self.K)
+            rows[lo:hi] = c * drafted[lo - L:hi - L] + (1 - c) * rows[lo:hi]
         self._fresh = True
         return Forecast(self._t * L + self._offsets[first:], rows[first:].copy())
 
     def _recurse(self, probs: np.ndarray, end: int):
         """Yield (steps, probs) one token at a time beyond the direct forecast until `end` is covered.
 
-        `probs` is the direct forecast: rows for the rest of token t, then token t + 1.
+        `probs` is the direct forecast: rows for the rest of token t, then token t + 1 (with its guess).
         """
-        w, L, E = self.w, self.L, self.E
+        w, L = self.w, self.L
         rest = L - 1 - self._lk
-        # x_hat_t: the true routing seen so far plus the forecast of the layers still ahead.
-        x = self._x_acc + probs[:rest].reshape(-1) @ w["route_in"][(self._lk + 1) * E:] + w["tok_in"][self._tok]
-        h, nxt = self._h, probs[rest:]  # nxt: forecast of token t + 1, the GRU input after x_hat_t
-        tok = self._t + 2  # the token whose forecast the next query's second row gives
+        x = self._x_hat(probs[:rest])  # the GRU input of token t
+        cur, u, h = probs[rest:], self._t + 1, self._h  # the forecast of token u, the token the next query is at
         while True:
-            h = gru_step(w, h, x)
-            z = self._query(w["q_h_w"] @ h + w["q_h_b"] + w["q_tok"][self._unknown] + w["q_layer"][0])
-            far = self._rows(z, L)  # second row block only: token `tok`
-            yield np.arange(tok * L, (tok + 1) * L, dtype=np.int64), far
-            if (tok + 1) * L - 1 >= end:
-                return
-            x = nxt.reshape(-1) @ w["route_in"] + w["tok_in"][self._unknown]
-            nxt, tok = far, tok + 1
-
-
-def save_checkpoint(out_dir: str | os.PathLike, config: SeqConfig, weights: dict[str, np.ndarray],
-                    info: dict) -> None:
-    """Write `model.safetensors` (float32 weights) and `config.json` (config + info) into `out_dir`."""
-    from safetensors.numpy import save_file
-
-    from seqmoe._files import atomic_path
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
-    with atomic_path(out / WEIGHTS_FILE) as tmp:
-        save_file(tensors, tmp, metadata={"format": FORMAT, "version": VERSION})
-    doc = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), **info}
-    with atomic_path(out / CONFIG_FILE) as tmp:
-        Path(tmp).write_text(json.dumps(doc, indent=2) + "\n")
-
-
-def load_seq_predictor(path: str | os.PathLike, *, window: int | None = None) -> SeqPredictor:
-    """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt.
-
-    `window`: see `SeqPredictor` (None: the reference inference)."""
-    from safetensors import SafetensorError, safe_open
-
-    d = Path(path)
-    hint = "train one with `seqmoe train --trace TRAIN --out DIR`"
-    if not d.is_dir():
-        raise PredictorError(f"no predictor folder at {d}; {hint}")
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (d / name).is_file():
-            raise PredictorError(f"{d} lacks {name}: not a predictor checkpoint; {hint}")
-    try:
-        doc = json.loads((d / CONFIG_FILE).read_text())
-        if doc.get("format") != FORMAT:
-            raise PredictorError(f"{d / CONFIG_FILE}: format {doc.get('format')!r}, expected {FORMAT!r}")
-        if doc.get("version") != VERSION:
-            raise PredictorError(f"{d / CONFIG_FILE}: version {doc.get('version')!r}; this seqmoe reads {VERSION}")
-        config = SeqConfig.from_dict(doc["config"])
-    except (ValueError, TypeError, KeyError, AttributeError) as e:
-        raise PredictorError(f"{d / CONFIG_FILE}: unreadable predictor config ({e})") from None
-    try:
-        with safe_open(d / WEIGHTS_FILE, framework="numpy") as f:
-            weights = {k: f.get_tensor(k) for k in f.keys()}
-    except (SafetensorError, OSError) as e:
-        raise PredictorError(f"{d / WEIGHTS_FILE}: unreadable weights ({e})") from None
-    want = config.weight_shapes()
-    bad = [f"{k}: {weights[k].shape if k in weights else 'missing'} != {s}" for k, s in want.items()
-           if k not in weights or tuple(weights[k].shape) != s]
-    if bad:
-        raise PredictorError(f"{d / WEIGHTS_FILE} does not match {CONFIG_FILE}: {'; '.join(bad[:3])}")
-    return SeqPredictor(config, weights, {k: v for k, v in doc.items() if k not in ("format", "version", "config")},
-                        window=window)
+            h = gru_step(w, h, x)  # the state the query at token u sees
+            bucket, c = self._draft_of(u)
+            guessed = self._rows(self._query(self._pre(h, bucket)), 0) if c > 0 else None  # tokens u, u + 1
+            if u > self._t + 1:
+                if guessed is not None:
+                    cur = c * guessed[:L] + (1 - c) * cur
+                yield np.arange(u * L, (u + 1) * L, dtype=np.int64), cur
+                if (u + 1) * L - 1 >= end:
+                    return
+            nxt = self._rows(self._query(self._pre(h, self._unknown)), L)
+            if guessed is not None:
+                nxt = c * guessed[L:] + (1 - c) * nxt
+            x = cur.reshape(-1) @ w["route_in"] + c * w["tok_in"][bucket] + (1 - c) * w["tok_in"][self._unknown]
+            cur, u = nxt, u + 1

@@ -28,7 +28,9 @@ from torch import nn
 from tqdm import tqdm
 
 from seqmoe.predict.evaluate import default_horizons
-from seqmoe.predict.seqmodel import PredictorError, SeqConfig, load_seq_predictor, save_checkpoint, trace_buckets
+from seqmoe.predict.buckets import trace_buckets
+from seqmoe.predict.checkpoints import load_seq_predictor, save_checkpoint
+from seqmoe.predict.seqmodel import PredictorError, SeqConfig
 from seqmoe.predict.seqnet import SeqNet
 from seqmoe.trace.schema import RoutingTrace
 

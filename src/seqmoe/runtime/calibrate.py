@@ -52,7 +52,8 @@ def calibrate(model, tokenizer, texts: list[str], *, max_tokens: int = CALIBRATI
     from seqmoe.collect import collect_trace
     from seqmoe.predict.checkpoints import load_online, online_dir
     from seqmoe.predict.online import OnlineSchedule, fit_prior, online_config
-    from seqmoe.predict.seqmodel import save_checkpoint, trace_buckets
+    from seqmoe.predict.buckets import trace_buckets
+    from seqmoe.predict.checkpoints import save_checkpoint
     from seqmoe.predict.train import OnlineTrainer
     from seqmoe.runtime.forecasters import model_key
 

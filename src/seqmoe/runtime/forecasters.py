@@ -26,7 +26,7 @@ def given_forecaster(predictor, L: int, E: int, K: int):
                         "`seqmoe train`; `seqmoe.predict.checkpoints.seq_predictor_for(None, train)` trains one on a "
                         "trace and caches it)")
     if isinstance(predictor, (str, os.PathLike)):
-        from seqmoe.predict.seqmodel import load_seq_predictor
+        from seqmoe.predict.checkpoints import load_seq_predictor
 
         predictor = load_seq_predictor(predictor)
     if getattr(predictor, "config", None) is not None:

@@ -190,7 +190,7 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
         [m.router for m in layers], train.pregate_logits.shape[2], E, K)
     sys_obj = build_system(cfg.system, SystemInputs(train=train or dims, test=replay or dims, capacity=C,
                                                     start=tuple(start), predictor=predictor, pregate=pregate,
-                                                    prior=prior),
+                                                    prior=prior, draft=cfg.draft),
                            cfg.miss_with(control), check_twin(cfg.twin, cfg.twin_budget))
     measure = cfg.hardware == MEASURED or (cfg.hardware is None and _on_host_cpu(sys_obj))
     if measure and (cfg.bandwidth is not None or cfg.emulate_link):

@@ -102,7 +102,7 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
             w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
         predictor = w.predictors[cfg.predictor]
     inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor,
-                          prior=prior)
+                          prior=prior, draft=cfg.draft)
     system = build_system(cfg.system, inputs, cfg.miss, twin)
     t0 = time.perf_counter()
     counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
@@ -110,7 +110,8 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
            "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
-           "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget, "online": cfg.online}
+           "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget, "online": cfg.online,
+           "draft": cfg.draft}
     if isinstance(predictor, OnlineForecaster):
         row["forecaster"] = predictor.stats()
     row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))

@@ -4,7 +4,7 @@ ExpertFlow (Shen et al. 2025) fuses the pre-gate guess (later layers' routers ap
 current hidden state) with the tokens and the experts used in recent layers, a small model (a
 random forest) learning the correction from the guess to the real routing, for distances out to
 about 20 layers. This module is the history part; the `expertflow-style` system fuses it with
-pre-gating (`predict.pregate.HybridPredictor`) when the traces hold pre-gate scores (collected
+pre-gating (`seqmoe.predict.pregate.HybridPredictor`) when the traces hold pre-gate scores (collected
 with `--pregate`; the DeepSeek-V2-Lite and Mixtral traces and the shipped seqmoe-tiny ones do not).
 Simplification: the learner is a table per distance instead of a forest: for each
 source layer and distance d = 1..H, the probability of every expert d positions ahead given each
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqmoe.predict.affinity import fit_transitions
+from seqmoe.predict.baselines.affinity import fit_transitions
 from seqmoe.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
 
