@@ -107,7 +107,8 @@ class SimConfig:
     """Gate weight per token the twins may serve, summed over its MoE layers."""
     draft: str = "none"
     """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
-    n-grams guess the next token; the forecaster weighs the guess by its measured hit rate)."""
+    n-grams guess the next token; the forecaster weighs the guess by its measured hit rate). It feeds the
+    next token's forecast, which a forecaster with the long-range head leaves to the head."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 
@@ -204,7 +205,8 @@ class OffloadConfig:
     """Gate weight per token the twins may serve, summed over its MoE layers."""
     draft: str = "none"
     """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
-    n-grams guess the next token; the forecaster weighs the guess by its hit rate, counted as it goes)."""
+    n-grams guess the next token; the forecaster weighs the guess by its hit rate, counted as it goes).
+    It feeds the next token's forecast, which a forecaster with the long-range head leaves to the head."""
     device: str | None = None
     """Device of the pool and the dense layers: cpu, cuda or cuda:N (default: the model's; the commands
     take cuda when available)."""

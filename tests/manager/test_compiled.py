@@ -80,9 +80,10 @@ def test_compiled_equals_reference_with_certain_forecasts(seed, r, bw, replan):
     assert fast == ref
 
 
-@pytest.mark.parametrize("name,draft", [("seqmoe", "none"), ("seqmoe-lru-eviction", "none"), ("seqmoe", "ngram"),
-                                        ("seqmoe-oracle-draft", "none")])
+@pytest.mark.parametrize("name,draft", [("seqmoe", "none"), ("seqmoe-lru-eviction", "none"), ("seqmoe-no-far-head", "none"),
+                                        ("seqmoe-no-far-head", "ngram"), ("seqmoe-oracle-draft", "none")])
 def test_compiled_equals_reference_with_the_trained_forecaster(name, draft, tiny_forecaster):
+    """seqmoe with the forecaster's long-range head, without it, with drafts (two-token forecast)."""
     d, train, test = tiny_forecaster
     if draft != "none" or name == "seqmoe-oracle-draft":  # token ids whose n-grams recur
         test = dataclasses.replace(test, token_ids=np.resize(np.array([1, 2, 3, 4, 2, 3, 5], np.int32), test.num_tokens))

@@ -11,6 +11,8 @@ prior takes over: `ReuseTable`, fitted on the training split, gives E[discount o
 an expert unused for `a` tokens, by frequency class, by the gap between its last two uses and by
 its recent use count (recency matters far more than frequency on real traces: a frequency-only
 prior loses to LRU; the previous gap marks bursts; the recent count, the text's current topic).
+A forecaster with a long-range head (`seqmoe.predict.far_head`) multiplies that prior by its head's
+value of the current token, for every uid (`set_far`).
 With a certain forecast (one-hot rows) the keep value is exp(-distance / tau), so the policy
 evicts exactly what Belady evicts whenever the victim's next use lies within the horizon; every
 use beyond the horizon is worth less than any certain use within it.
@@ -74,6 +76,13 @@ class ForecastPolicy:
         reuse = fitted_reuse_table(train, tau, num_gap_classes, num_count_classes) if learned_reuse else None
         return cls(counts / train.num_tokens, num_layers=L, num_experts=E, tau=tau, reuse=reuse)
 
+    def set_far(self, far: np.ndarray) -> None:
+        """[L * E] the forecaster's long-range head values for this token (`seqmoe.predict.far_head`):
+        the prior beyond the forecast is multiplied by them until the next call."""
+        self._far = np.asarray(far, dtype=np.float64)
+        self._prior_key = None
+        self._version += 1
+
     def set_prior(self, use_rate: np.ndarray, reuse: ReuseTable | None) -> None:
         """A new prior beyond the horizon (use rates, reuse table) from now on, the rest of the state
         kept: what an online learner refits (`seqmoe.predict.online`); answers computed before are void."""
@@ -111,6 +120,7 @@ class ForecastPolicy:
         self._touches = 0  # bumped by every insert or use (the prior beyond the horizon changes)
         self._prior_key: tuple[int, int] | None = None
         self._prior_cache = self._geometric
+        self._far: np.ndarray | None = None  # the long-range head's values (`set_far`)
         self._disc = np.zeros(0)  # exp(-d / tau) for d = 0, 1, ... (the discount of d positions)
         self._grow = np.zeros(0)  # exp(d / tau)
         self._layer_disc: dict = {}  # (end, cur) -> first position of each layer after end, its discount
@@ -315,15 +325,16 @@ class ForecastPolicy:
 
         Kept until `end` moves or a uid is inserted or used.
         """
-        if self.reuse is None:
-            return self._geometric
         key = (end, self._touches)
         if key != self._prior_key:
-            age = (nxt[self._layer_of] - self._last_step) // self._L
-            if self._classes is None:  # each uid's row of the table, kept until a use
-                self._classes = self.reuse.rows(self._prev_gap, self._recent)
-            prior = self.reuse.values[self._classes, log2_bucket(age, self.reuse.values.shape[1])]
-            self._prior_key, self._prior_cache = key, prior
+            if self.reuse is None:
+                prior = self._geometric
+            else:
+                age = (nxt[self._layer_of] - self._last_step) // self._L
+                if self._classes is None:  # each uid's row of the table, kept until a use
+                    self._classes = self.reuse.rows(self._prev_gap, self._recent)
+                prior = self.reuse.values[self._classes, log2_bucket(age, self.reuse.values.shape[1])]
+            self._prior_key, self._prior_cache = key, prior if self._far is None else prior * self._far
         return self._prior_cache
 
     def _discount(self, d: np.ndarray) -> np.ndarray:

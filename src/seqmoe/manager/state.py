@@ -319,6 +319,9 @@ class MemoryManager(ManagerBase):
             prior = self._new_prior()
             if prior is not None:
                 self.system.policy.set_prior(*prior)
+            far = getattr(pred, "far", None)
+            if far is not None and hasattr(self.system.policy, "set_far"):
+                self.system.policy.set_far(far)
         self._decide(None)
         self.c.decision_s += time.perf_counter() - t0
 

@@ -280,12 +280,13 @@ def _prior(inp: SystemInputs, cls=ForecastPolicy) -> ForecastPolicy:
     return cls(use_rate, num_layers=t.num_layers, num_experts=t.num_experts, reuse=reuse)
 
 
-def _seq(inp: SystemInputs):
-    """The system's own forecaster: the trained one, with the memory manager's forecast window."""
+def _seq(inp: SystemInputs, far_head: bool = True):
+    """The system's own forecaster: the trained one, with the memory manager's forecast window (and its
+    long-range head, when it has one, unless `far_head` is False)."""
     if inp.predictor is None:
         raise UserError("this system needs a forecaster: pass --predictor DIR (see `seqmoe train`), or let it "
                         "learn online")
-    predictor = inp.predictor.with_window(DEFAULT_WINDOW)
+    predictor = inp.predictor.with_window(DEFAULT_WINDOW, far_head=far_head)
     predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
     return predictor.use_drafter(make_drafter(inp.draft, inp.train))
 
@@ -338,6 +339,13 @@ def _seqmoe_lru(inp: SystemInputs) -> System:
     return System("seqmoe-lru-eviction", policy, _seq(inp), DeadlinePrefetcher(policy))
 
 
+@register_system("seqmoe-no-far-head", "ablation: seqmoe without its forecaster's long-range head (a two-token "
+                 "forecast, the reuse table alone beyond it)", role="ablation", needs_predictor=True)
+def _seqmoe_no_far_head(inp: SystemInputs) -> System:
+    policy = _prior(inp)
+    return System("seqmoe-no-far-head", policy, _seq(inp, far_head=False), DeadlinePrefetcher(policy))
+
+
 @register_system("seqmoe-markov-forecast", "ablation: seqmoe with a first-order Markov (affinity) forecast instead of seq2seq",
                  role="ablation")
 def _seqmoe_markov(inp: SystemInputs) -> System:
@@ -361,10 +369,10 @@ def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
                   DeadlinePrefetcher(policy, replan_after_compute=True))
 
 
-@register_system("seqmoe-oracle-draft", "seqmoe fed the true next token as its draft (confidence 1): drafting's ceiling "
-                 "(a trace without token ids drafts nothing)",
+@register_system("seqmoe-oracle-draft", "seqmoe-no-far-head fed the true next token as its draft (confidence 1): "
+                 "drafting's ceiling (a trace without token ids drafts nothing)",
                  role="oracle", needs_predictor=True)
 def _seqmoe_oracle_draft(inp: SystemInputs) -> System:
     policy = _prior(inp)
-    predictor = _seq(inp).use_drafter(TrueTokenDrafter(inp.test))
+    predictor = _seq(inp, far_head=False).use_drafter(TrueTokenDrafter(inp.test))  # guesses feed the next token's rows
     return System("seqmoe-oracle-draft", policy, predictor, DeadlinePrefetcher(policy))

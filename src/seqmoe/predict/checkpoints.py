@@ -111,7 +111,16 @@ def seq_predictor_for(path: str | None, train: RoutingTrace, *, progress: bool =
         print(f"seqmoe: no --predictor given; training one on the training trace into {out} "
               "(once, up to 15 minutes)", file=sys.stderr)
         train_seq_predictor(train, out, progress=progress)
-    return load_seq_predictor(out)
+    pred = load_seq_predictor(out)
+    if not pred.config.far_head:  # cached before the long-range head existed: fit it once
+        try:
+            from seqmoe.predict.train import with_far_head
+        except ImportError:  # no torch: the forecaster as it is
+            return pred
+        print(f"seqmoe: fitting the long-range head of the cached forecaster in {out} (once)", file=sys.stderr)
+        save_checkpoint(out, *with_far_head(pred.config, pred.w, train), pred.info)
+        pred = load_seq_predictor(out)
+    return pred
 
 
 def online_dir(model_key: str) -> Path:

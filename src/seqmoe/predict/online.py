@@ -176,7 +176,7 @@ class OnlineForecaster:
     def horizon(self) -> int:
         return 2 * self.L
 
-    def with_window(self, window: int | None) -> OnlineForecaster:
+    def with_window(self, window: int | None, *, far_head: bool = True) -> OnlineForecaster:
         """Itself: the online forecaster always forecasts once per token (`DEFAULT_WINDOW`)."""
         return self
 

@@ -78,6 +78,9 @@ class SeqConfig:
     """H: GRU state width."""
     query_dim: int = 256
     """Z: query head width."""
+    far_head: bool = False
+    """Has the long-range head (`seqmoe.predict.far_head`): per token, rho^(G - 1) for every expert
+    from the state; the memory manager's forecast then covers the current token only, the head the rest."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_experts", "top_k", "hash_buckets", "embed_dim", "hidden_dim", "query_dim"):
@@ -95,12 +98,13 @@ class SeqConfig:
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """Name -> shape of every weight (PyTorch layout: Linear weights are [out, in])."""
         LE, B, D, H, Z = self.num_layers * self.num_experts, self.hash_buckets, self.embed_dim, self.hidden_dim, self.query_dim
-        return {
+        shapes = {
             "route_in": (LE, D), "tok_in": (B + 1, D), "h0": (H,),
             "gru_w_ih": (3 * H, D), "gru_w_hh": (3 * H, H), "gru_b_ih": (3 * H,), "gru_b_hh": (3 * H,),
             "q_h_w": (Z, H), "q_h_b": (Z,), "q_part": (LE, Z), "q_tok": (B + 1, Z), "q_layer": (self.num_layers + 1, Z),
             "q_norm_w": (Z,), "q_norm_b": (Z,), "mlp_w": (Z, Z), "mlp_b": (Z,), "out_w": (2 * LE, Z), "out_b": (2 * LE,),
         }  # fmt: skip
+        return shapes | ({"far_w": (LE, H), "far_b": (LE,)} if self.far_head else {})
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -152,13 +156,17 @@ class SeqPredictor:
         self._obs = np.concatenate([self.w["q_part"], self.w["route_in"]], axis=1)
         self._rows_now = np.zeros((2 * self.L, self.E), dtype=np.float32)  # window mode's latest rows
         self._offsets = np.arange(2 * self.L, dtype=np.int64)
+        self._ahead = 1 if config.far_head else 2  # tokens a window-mode forecast covers
+        self.far: np.ndarray | None = None
+        """[L * E] float64, the long-range head's values for the current token (None without the head)."""
         self.drafter = None
         self.begin_request()
 
     @property
     def horizon(self) -> int:
-        """Positions a `predict` covers at most: the rest of the token and the next one (2 L)."""
-        return 2 * self.L
+        """Positions a `predict` covers at most: the rest of the token and the next one (2 L); with a
+        forecast window and the long-range head, the rest of the token (L)."""
+        return (2 if self.window is None else self._ahead) * self.L
 
     def set_weights(self, weights: dict[str, np.ndarray]) -> None:
         """New weights of the same shapes, from the next token on (the state so far is kept); the
@@ -166,9 +174,13 @@ class SeqPredictor:
         self.w = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
         self._obs = np.concatenate([self.w["q_part"], self.w["route_in"]], axis=1)
 
-    def with_window(self, window: int | None) -> SeqPredictor:
-        """A fresh predictor on the same weights with another forecast window (see the class)."""
-        return SeqPredictor(self.config, self.w, self.info, window=window)
+    def with_window(self, window: int | None, *, far_head: bool = True) -> SeqPredictor:
+        """A fresh predictor on the same weights with another forecast window (see the class), without
+        the long-range head unless `far_head`."""
+        if far_head or not self.config.far_head:
+            return SeqPredictor(self.config, self.w, self.info, window=window)
+        weights = {k: v for k, v in self.w.items() if not k.startswith("far_")}
+        return SeqPredictor(dataclasses.replace(self.config, far_head=False), weights, self.info, window=window)
 
     def use_drafter(self, drafter) -> SeqPredictor:
         """Read `drafter`'s guesses of the next tokens as look-ahead (None: no drafts); returns self."""
@@ -247,6 +259,8 @@ class SeqPredictor:
             else:
                 self._h = kernels.gru_step(w["gru_w_ih"], w["gru_w_hh"], w["gru_b_ih"], w["gru_b_hh"], self._h, x)
         self._t, self._tok, self._lk = t, bucket, -1
+        if "far_w" in w:
+            self.far = _sigmoid((w["far_w"] @ self._h + w["far_b"]).astype(np.float64))
         if self.window is None:
             self._base = w["q_h_w"] @ self._h + w["q_h_b"] + w["q_tok"][bucket]  # [Z] fixed for the token
         else:
@@ -304,11 +318,11 @@ class SeqPredictor:
         """The next `window` positions forecast from the layers observed so far; the rows further out
         as their latest forecast had them (all of them at the token's first forecast)."""
         w, L, E = self.w, self.L, self.E
-        first = self._lk + 1
+        first, end = self._lk + 1, self._ahead * L
         rows = self._rows_now  # [2L, E]: positions t L .. (t + 2) L - 1
-        if self._fresh and self.window == 0:
+        if (self._fresh and self.window == 0) or first >= end:
             return None  # the token's first forecast stands
-        count = min(self.window, 2 * L - first) if self._fresh else 2 * L - first
+        count = min(self.window, end - first) if self._fresh else end - first
         kernels.refresh_rows(self._base, self._q_acc, w["q_layer"][first], w["q_norm_w"], w["q_norm_b"],
                              w["mlp_w"], w["mlp_b"], w["out_w"], w["out_b"], first, count, E, self.K, rows)
         bucket, c = self._draft_of(self._t + 1)
@@ -321,7 +335,7 @@ class SeqPredictor:
                 w["out_w"], w["out_b"], L, E, self.K)
             rows[lo:hi] = c * drafted[lo - L:hi - L] + (1 - c) * rows[lo:hi]
         self._fresh = True
-        return Forecast(self._t * L + self._offsets[first:], rows[first:].copy())
+        return Forecast(self._t * L + self._offsets[first:end], rows[first:end].copy())
 
     def _recurse(self, probs: np.ndarray, end: int):
         """Yield (steps, probs) one token at a time beyond the direct forecast until `end` is covered.

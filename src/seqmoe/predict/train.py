@@ -16,6 +16,7 @@ This module imports torch; `seqmodel` (inference) does not.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import os
@@ -30,7 +31,7 @@ from tqdm import tqdm
 from seqmoe.predict.evaluate import default_horizons
 from seqmoe.predict.buckets import trace_buckets
 from seqmoe.predict.checkpoints import load_seq_predictor, save_checkpoint
-from seqmoe.predict.seqmodel import PredictorError, SeqConfig
+from seqmoe.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
 from seqmoe.predict.seqnet import SeqNet
 from seqmoe.trace.schema import RoutingTrace
 
@@ -243,7 +244,7 @@ def train_seq_predictor(train: RoutingTrace, out_dir: str | os.PathLike, *, epoc
                         val_fraction: float = 0.08, hash_buckets: int = 8192, embed_dim: int = 256,
                         hidden_dim: int = 256, query_dim: int = 256, num_streams: int = 16, window: int = 32,
                         queries_per_token: int = 2, lr: float = 3e-3, unknown_prob: float = 0.2,
-                        max_minutes: float | None = 14.0, threads: int | None = None,
+                        max_minutes: float | None = 14.0, threads: int | None = None, far_head: bool = True,
                         progress: bool = True, log=None) -> dict:
     """Train a `SeqPredictor` on `train` and write it to `out_dir`.
 
@@ -260,6 +261,7 @@ def train_seq_predictor(train: RoutingTrace, out_dir: str | os.PathLike, *, epoc
         unknown_prob: probability of replacing a token bucket by "unknown" (GRU input and query).
         max_minutes: stop training after this long (the best epoch so far is kept); None: no limit.
         threads: torch CPU threads while training (default: torch's setting; restored afterwards).
+        far_head: also fit the long-range head (`seqmoe.predict.far_head`) on the trained forecaster.
         progress: show a progress bar.
         log: called with one line per epoch (validation numbers); None: silent.
 
@@ -277,10 +279,20 @@ def train_seq_predictor(train: RoutingTrace, out_dir: str | os.PathLike, *, epoc
         with torch.random.fork_rng(devices=[]):  # seed without touching the caller's global RNG
             torch.manual_seed(seed)
             info, cfg, weights = _fit(train, args, progress, log)
+            if far_head:
+                cfg, weights = with_far_head(cfg, weights, train, seed)
     finally:
         torch.set_num_threads(before)
     save_checkpoint(out_dir, cfg, weights, info)
     return info
+
+
+def with_far_head(cfg: SeqConfig, weights: dict, train: RoutingTrace, seed: int = 0) -> tuple[SeqConfig, dict]:
+    """(config, weights) of the forecaster with its long-range head fitted on `train`."""
+    from seqmoe.predict.far_head import fit_far_head
+
+    head = fit_far_head(SeqPredictor(cfg, weights), train, seed=seed)
+    return dataclasses.replace(cfg, far_head=True), {**weights, **head}
 
 
 def _fit(train: RoutingTrace, args: dict, progress: bool, log) -> tuple[dict, SeqConfig, dict]:

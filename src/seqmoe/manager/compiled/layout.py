@@ -47,7 +47,8 @@ FINISH = 6  # scratch: demand-copy finish times
 PRIOR = 7  # forecast policy: cached prior beyond the horizon (for the forecast end PRIOR_END)
 COSTS = 8  # forecast policy: the COSTS_N lowest keep values of the residents, ascending
 RECENT = 9  # forecast policy: recent use count at the last use (`cache.reuse.decayed_count`)
-NF = 10
+FAR = 10  # forecast policy: the prior's factor from the forecaster's long-range head (1: none)
+NF = 11
 
 # -- int scalars (S) ------------------------------------------------------------------------------
 L_, E_, K_, CAP, NUM_PRESENT, STEP = 0, 1, 2, 3, 4, 5

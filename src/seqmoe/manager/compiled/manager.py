@@ -11,7 +11,7 @@ from seqmoe.cache.lru import LRUPolicy
 from seqmoe.errors import UserError
 from seqmoe.manager.compiled import engine, ops, recency, step
 from seqmoe.manager.compiled.layout import (
-    CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, EV_DEMAND, EV_EVICT, EV_OFF_POOL, EV_PREFETCH, EV_PROMOTE, E_, FLOOR,
+    CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, FAR, EV_DEMAND, EV_EVICT, EV_OFF_POOL, EV_PREFETCH, EV_PROMOTE, E_, FLOOR,
     F_FIRST, GEOM, HOST, HOST_END, HOST_S, HOST_SERVED, IN_PLACE, JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_,
     MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB, MISS, MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES,
     NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PENDING, PF_QUEUED, POLICY, POLICY_FORECAST,
@@ -70,6 +70,7 @@ class CompiledManager(ManagerBase):
         n = L * E
         self.I = np.zeros((NI, n), np.int64)
         self.F = np.zeros((NF, n), np.float64)
+        self.F[FAR] = 1.0
         self.S = np.zeros(NS, np.int64)
         self.G = np.zeros(NG, np.float64)
         self.DQ = np.zeros((2, n + 1), np.int64)  # demand ring: (seq, uid)
@@ -164,6 +165,12 @@ class CompiledManager(ManagerBase):
             prior = self._new_prior()
             if prior is not None:
                 self._set_prior(*prior)
+            far = getattr(self.predictor, "far", None)
+            if far is not None and hasattr(self.system.policy, "set_far"):  # every cached prior and value is void
+                self.system.policy.set_far(far)  # the Python object stays the description of the state
+                self.F[FAR] = far
+                self.S[PRIOR_END] = -(1 << 40)
+                self.S[VERSION] += 1
         self._decide(step_ - 1)
         self.decision_s += time.perf_counter() - t0
 

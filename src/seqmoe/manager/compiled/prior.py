@@ -14,7 +14,7 @@ import numba as nb
 
 from seqmoe.cache.reuse import COUNT_EDGES, DECAY
 from seqmoe.manager.compiled.layout import (
-    DIRTY, E_, F_FIRST, F_LAST, GEOM, LAST_STEP, LAST_USE, LAYER, L_, NDIRTY, NUM_COUNT_CLASSES, NUM_GAP_CLASSES,
+    DIRTY, E_, FAR, F_FIRST, F_LAST, GEOM, LAST_STEP, LAST_USE, LAYER, L_, NDIRTY, NUM_COUNT_CLASSES, NUM_GAP_CLASSES,
     PREV_GAP, PRIOR, PRIOR_END, RECENT, UCLASS, UROW,
 )
 
@@ -75,9 +75,9 @@ def record_use(I, F, S, u, step):
 def _prior(I, F, S, TAB, u, nxt):
     """The learned prior of u's next use beyond the forecast, `nxt` being u's first position after it."""
     if TAB.shape[0] == 0:
-        return F[GEOM, u]
+        return F[GEOM, u] * F[FAR, u]
     age = (nxt - I[LAST_STEP, u]) // S[L_]
-    return TAB[I[UROW, u], _log2_bucket(age, TAB.shape[1])]
+    return TAB[I[UROW, u], _log2_bucket(age, TAB.shape[1])] * F[FAR, u]
 
 
 @jit
@@ -86,15 +86,15 @@ def priors(I, F, S, TAB, end):
     (another end, or a use or load since: its age and gap moved)."""
     E, L = S[E_], S[L_]
     if S[PRIOR_END] != end and TAB.shape[0] == 0:
-        F[PRIOR] = F[GEOM]
+        F[PRIOR] = F[GEOM] * F[FAR]
         S[PRIOR_END] = end
     elif S[PRIOR_END] != end:  # `_prior` of every uid, inline (a call per uid costs here)
         A = TAB.shape[1]
-        prior, last, row = F[PRIOR], I[LAST_STEP], I[UROW]
+        prior, last, row, far = F[PRIOR], I[LAST_STEP], I[UROW], F[FAR]
         for l in range(L):
             nxt = next_after(S, end, l)
             for u in range(l * E, (l + 1) * E):
-                prior[u] = TAB[row[u], _log2_bucket((nxt - last[u]) // L, A)]
+                prior[u] = TAB[row[u], _log2_bucket((nxt - last[u]) // L, A)] * far[u]
         S[PRIOR_END] = end
     else:
         for i in range(S[NDIRTY]):
