@@ -109,12 +109,23 @@ class SimConfig:
     """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
     n-grams guess the next token; the forecaster weighs the guess by its measured hit rate). It feeds the
     next token's forecast, which a forecaster with the long-range head leaves to the head."""
+    batch: int = 1
+    """Sequences decoded together: B requests of the trace in lockstep, a finished one replaced by the
+    next (docs/DESIGN.md, "Batched decode"); rows then report time per step and tokens/s over all rows."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 
     def __post_init__(self) -> None:
         check_residency(self.residency)
         check_draft(self.draft)
+        check_batch(self.batch)
+        if self.batch > 1:
+            if self.routing != "exact" or self.twin is not None or self.window_tokens is not None:
+                raise UserError("--batch above 1 replays exact routing without twins or windows: drop --routing, "
+                                "--twin and --window-tokens")
+            if system_spec(self.system).needs_pregate:
+                raise UserError(f"system {self.system!r} reads the trace's pre-gate scores by position: it replays "
+                                "batch 1 only")
         if self.memory is not None:
             parse_bytes(self.memory, "--memory")
         check_precision(self.expert_dtype)
@@ -142,6 +153,12 @@ class SimConfig:
     def config_hash(self) -> str:
         """12 hex digits identifying this configuration (goes into every result)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_batch(batch: int) -> None:
+    """UserError unless `batch` (sequences decoded together) is at least 1."""
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise UserError(f"--batch must be a whole number of sequences, at least 1; got {batch!r}")
 
 
 def check_live_system(system: str, *, train: bool, predictor: bool, replay: bool = False) -> None:

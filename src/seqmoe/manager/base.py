@@ -16,6 +16,7 @@ from seqmoe.manager.engine import HostLane
 from seqmoe.manager.miss_paths import Twin, check_miss
 from seqmoe.manager.placement import check_capacity
 from seqmoe.predict.base import Predictor
+from seqmoe.predict.lanes import LanePredictors
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, layer_times_s, token_overhead_s
 from seqmoe.schedule.base import Prefetcher
 
@@ -107,6 +108,8 @@ class ManagerBase:
         """Wants `layer_end` after each layer's experts (the driver skips the call otherwise)."""
         self.wants_ids = system.predictor is not None
         """Reads the routed expert ids at each reveal (a predictor observes them)."""
+        self.predictor = system.predictor
+        """The system's predictor; `LanePredictors` over it from the first batched step on (`lanes`)."""
 
     def _note_channel(self, now: float, started: int, twins: int) -> None:
         """Fold the last token's busy share (transfers started, `twins` of them twin reads, times their
@@ -127,12 +130,19 @@ class ManagerBase:
 
     def begin_request(self) -> None:
         """A new request starts: the predictor forgets the request-level history."""
-        if self.system.predictor is not None:
-            self.system.predictor.begin_request()
+        if self.predictor is not None:
+            self.predictor.begin_request()
+
+    def lanes(self) -> LanePredictors | None:
+        """The predictor with one state per sequence of a batch (`seqmoe.predict.lanes`), wrapped at
+        the first call; None without a predictor."""
+        if self.predictor is not None and not isinstance(self.predictor, LanePredictors):
+            self.predictor = LanePredictors(self.predictor)
+        return self.predictor
 
     def _new_prior(self):
         """(use rates, reuse table) an online forecaster refitted at this token start, once; else None."""
-        pred = self.system.predictor
+        pred = self.predictor
         prior = getattr(pred, "new_prior", None)
         if prior is not None:
             pred.new_prior = None

@@ -44,6 +44,12 @@ class SimCounts:
     decision_s: float = 0.0
     """Host wall time spent in eviction, prediction and scheduling (measured, not simulated)."""
     num_tokens: int = 0
+    """Tokens decoded (a batched step's rows summed)."""
+    steps: int = 0
+    """Decode steps (= tokens at batch 1)."""
+    expert_reads: int = 0
+    """(step, layer, expert) triples: each layer's distinct experts, computed once for all their rows
+    (= activations at batch 1)."""
     copy_time_s: float = 0.0
     """Seconds per expert copy under the hardware profile."""
     per_expert_s: float = 0.0
@@ -97,6 +103,8 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         "full_load_time_s": c.full_load_time_s,
         "full_load_fraction": c.full_load_time_s / c.time_s if c.time_s else 1.0,
         "tokens_per_s": c.num_tokens / c.time_s if c.time_s else 0.0,
+        "steps": c.steps,
+        "time_per_step_s": c.time_s / c.steps if c.steps else 0.0,
         "decision_us_per_token": per_token(c.decision_s),
         "copy_time_s": c.copy_time_s,
         "host_expert_s": c.host_expert_s,
@@ -105,7 +113,7 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
     }
     if belady_misses is not None:
         bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
-        paths = paths_bound_time_s(full_load_time_s=c.full_load_time_s, activations=n, per_expert_s=c.per_expert_s,
+        paths = paths_bound_time_s(full_load_time_s=c.full_load_time_s, activations=c.expert_reads, per_expert_s=c.per_expert_s,
                                    copy_time_s=c.copy_time_s, host_expert_s=c.host_expert_s,
                                    belady_misses=belady_misses)
         row.update(belady_misses=belady_misses, bound_time_s=bound, bound_fraction=bound / c.time_s,

@@ -20,7 +20,6 @@ import time
 
 import numpy as np
 
-from seqmoe.errors import UserError
 from seqmoe.manager.base import PACE_WEIGHT, ManagerBase, PoolObserver, System
 from seqmoe.manager.counts import SimCounts
 from seqmoe.manager.engine import CopyEngine, in_place_key, twin_key
@@ -55,11 +54,11 @@ class MemoryManager(ManagerBase):
         """The driver's share of the stall: the layer waited `seconds` for the host CPU's outputs."""
         self.c.stall_s += seconds
 
-    def _on_host(self, uid: int, now: float) -> None:
-        """Serve `uid` on the host CPU from `now`."""
+    def _on_host(self, uid: int, now: float, activations: int = 1) -> None:
+        """Serve `uid` on the host CPU from `now` (one pass over it for its `activations` rows)."""
         self.host_end = self.lane.run(now)
         self.host_served += 1
-        self.c.host += 1
+        self.c.host += activations
         if self.observer is not None:
             self.observer.on_off_pool(uid, "cpu")
 
@@ -189,22 +188,27 @@ class MemoryManager(ManagerBase):
 
     def _decide(self, ids) -> None:
         sys = self.system
-        if sys.predictor is not None and ids is not None:
-            sys.predictor.observe(self.step, ids)
+        if self.predictor is not None and ids is not None:
+            self.predictor.observe(self.step, ids)
         if sys.prefetcher is not None:
-            forecast = sys.predictor.predict(self.step) if sys.predictor is not None else None
+            forecast = self.predictor.predict(self.step) if self.predictor is not None else None
             sys.prefetcher.plan(forecast, self)
 
-    def layer(self, step: int, needed: list[int], ids: np.ndarray | None, reveal: float, weights=None) -> float:
-        """Serve one layer whose router reveals `needed` uids at time `reveal` (their gate `weights`,
-        read by the twin path); returns expert start."""
+    def layer(self, step: int, needed: list[int], ids: np.ndarray | None, reveal: float, weights=None,
+              mult=None) -> float:
+        """Serve one layer whose router reveals `needed` (distinct uids) at time `reveal` (their gate
+        `weights`, read by the twin path), `mult[i]` activations of `needed[i]` (one each when None:
+        batch 1); hits and misses count per activation, an expert is copied or read once; returns
+        expert start."""
+        if mult is None:
+            mult = [1] * len(needed)
         self.step, self.now = step, reveal
         self._finish_copies(reveal)
         c, policy, engine, present = self.c, self.system.policy, self.engine, self._present
         if self.host_only:
-            for uid in needed:
-                c.misses += 1
-                self._on_host(uid, reveal)
+            for uid, m in zip(needed, mult):
+                c.misses += m
+                self._on_host(uid, reveal, m)
             return reveal
         pinned = self.pinned
         added = [u for u in needed if u not in pinned]
@@ -212,11 +216,11 @@ class MemoryManager(ManagerBase):
         note_use = getattr(policy, "note_use", None)
         t0 = time.perf_counter()
         start, waiting = reveal, []
-        for uid in needed:
+        for uid, m in zip(needed, mult):
             if not present[uid]:
                 continue
             if uid in self._pending:  # issued before the reveal: a hit, late
-                c.late += 1
+                c.late += m
                 done = engine.done_at.get(uid)
                 if done is None:  # still queued: the layer needs it now
                     engine.promote(uid, reveal)
@@ -226,7 +230,7 @@ class MemoryManager(ManagerBase):
                 elif done > start:
                     start = done
             else:
-                c.ready += 1
+                c.ready += m
             self._unused_prefetch[uid] = 0
             policy.access(uid, step)
         twins = None
@@ -238,7 +242,8 @@ class MemoryManager(ManagerBase):
         for i, uid in enumerate(needed):
             if present[uid]:
                 continue
-            c.misses += 1
+            m = mult[i]
+            c.misses += m
             if twins is not None and twins[i] and not twin_waits_for_cpu(self, reveal):
                 w = float(weights[i])
                 self._twin_left -= w
@@ -255,16 +260,16 @@ class MemoryManager(ManagerBase):
             path, victim = ("copy", None) if self.miss == "copy" else auto_path(self, uid, reveal)
             if path != "copy":
                 if path == "cpu+copy":
-                    self._on_host(uid, reveal)
+                    self._on_host(uid, reveal, m)
                     self.prefetch(uid, step + self.num_layers, victim)
                     continue  # the policy hears of the use when the copy lands (`insert` now, `access` then)
                 if path == "cpu":
-                    self._on_host(uid, reveal)
+                    self._on_host(uid, reveal, m)
                 else:
                     key = in_place_key(uid)
                     engine.demand(key, reveal)
                     waiting.append(key)
-                    c.in_place += 1
+                    c.in_place += m
                     if self.observer is not None:
                         self.observer.on_off_pool(uid, "in-place")
                 if note_use is not None:
@@ -272,7 +277,17 @@ class MemoryManager(ManagerBase):
                 continue
             if not (self._make_room(uid, victim) or self._reclaim_prefetch(needed)
                     or self._await_running(uid, needed, added)):
-                raise UserError(f"no slot can be freed at position {step}: {self.capacity} slots are all copying")
+                # Every slot holds this layer's experts (a batch's layer may route more than C) or a
+                # copy in flight: the row is read in place.
+                key = in_place_key(uid)
+                engine.demand(key, reveal)
+                waiting.append(key)
+                c.in_place += m
+                if self.observer is not None:
+                    self.observer.on_off_pool(uid, "in-place")
+                if note_use is not None:
+                    note_use(uid, step)
+                continue
             self._load(uid, step)
             engine.demand(uid, reveal)
             if self.observer is not None:
@@ -310,7 +325,7 @@ class MemoryManager(ManagerBase):
         self._note_channel(now, e.started + e.reads, e.twin_reads)
         if self.twin is not None:
             self._twin_left = self.twin.budget
-        pred, pre = self.system.predictor, self.system.prefetcher
+        pred, pre = self.predictor, self.system.prefetcher
         if pred is None and pre is None:
             return
         t0 = time.perf_counter()

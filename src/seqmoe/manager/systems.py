@@ -58,6 +58,9 @@ class SystemInputs:
     in place of the training trace's (`seqmoe.predict.online.cold_prior`); None: learned from `train`."""
     draft: str = "none"
     """The seqmoe systems' drafter of the next tokens (`seqmoe.predict.drafters.DRAFTERS`)."""
+    visits: np.ndarray | None = None
+    """[S, L, W] global ids of the positions the replay visits when they are not `test`'s own (a batched
+    replay, `seqmoe.sim.lockstep`): where oracles read the future."""
     pregate: object | None = None
     """Pre-gate rows computed live (`seqmoe.runtime.eager.pregate.LivePregate`), in place of `test`'s recorded ones."""
 
@@ -163,7 +166,12 @@ def _lfu(inp: SystemInputs) -> System:
 @register_system("belady", "no prefetch; oracle eviction of the expert used furthest in the future", role="oracle")
 def _belady(inp: SystemInputs) -> System:
     t = inp.test
-    return System("belady", BeladyPolicy(FutureUses(t.uids(), t.num_layers * t.num_experts)))
+    return System("belady", BeladyPolicy(FutureUses(_visits(inp), t.num_layers * t.num_experts)))
+
+
+def _visits(inp: SystemInputs) -> np.ndarray:
+    """[S, L, W] global ids of the positions the replay visits, in order (the oracles' future)."""
+    return inp.test.uids() if inp.visits is None else inp.visits
 
 
 @register_system("mixtral-offloading-style", "no prefetch; LRU within equal per-layer groups", learns=False)
@@ -254,7 +262,7 @@ def _expertflow_pregate(inp: SystemInputs) -> System:
                  role="oracle")
 def _oracle(inp: SystemInputs) -> System:
     t = inp.test
-    uids = t.uids()
+    uids = _visits(inp)
     future = FutureUses(uids, t.num_layers * t.num_experts)
     schedule = belady_schedule(uids, inp.capacity, inp.start, future)
     return System("oracle-prefetch", BeladyPolicy(future), None, OraclePrefetcher(schedule))
@@ -365,7 +373,7 @@ def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
     t = inp.test
     policy = ForecastPolicy.from_trace(inp.train)
     # Re-planning after each layer's compute pays with a certain forecast (not with seqmoe's: docs/LOG.md).
-    return System("seqmoe-oracle-forecast", policy, OracleForecaster(t, 20 * t.num_layers),
+    return System("seqmoe-oracle-forecast", policy, OracleForecaster(t, 20 * t.num_layers, inp.visits),
                   DeadlinePrefetcher(policy, replan_after_compute=True))
 
 
@@ -373,6 +381,8 @@ def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
                  "drafting's ceiling (a trace without token ids drafts nothing)",
                  role="oracle", needs_predictor=True)
 def _seqmoe_oracle_draft(inp: SystemInputs) -> System:
+    if inp.visits is not None:
+        raise UserError("seqmoe-oracle-draft drafts the replayed trace's next token by position: it replays batch 1 only")
     policy = _prior(inp)
     predictor = _seq(inp, far_head=False).use_drafter(TrueTokenDrafter(inp.test))  # guesses feed the next token's rows
     return System("seqmoe-oracle-draft", policy, predictor, DeadlinePrefetcher(policy))

@@ -187,6 +187,11 @@ class OnlineForecaster:
             self.inner.use_drafter(drafter)
         return self
 
+    def fork(self) -> _Follower:
+        """A batch lane (`seqmoe.predict.lanes`): forecasts with this forecaster's weights as they are
+        swapped in, from its own state; learns nothing (this one learns from lane 0's routing)."""
+        return _Follower(self)
+
     def check_trace(self, trace: RoutingTrace) -> None:
         """As `SeqPredictor.check_trace`: L, E, K must match; token ids hash through the trace's vocabulary."""
         check_dims("the trace", trace, self.config, "the online forecaster follows the model it serves")
@@ -282,6 +287,39 @@ class OnlineForecaster:
             self.inner._table = self._table
         else:
             self.inner.set_weights(weights)
+
+
+class _Follower:
+    """`OnlineForecaster.fork`: a `Predictor` on the parent's current weights."""
+
+    def __init__(self, parent: OnlineForecaster) -> None:
+        self.parent, self.inner, self._weights = parent, None, None
+
+    @property
+    def far(self):
+        return None if self.inner is None else self.inner.far
+
+    def begin_request(self) -> None:
+        if self.inner is not None:
+            self.inner.begin_request()
+
+    def begin_token(self, step: int, token_id: int | None) -> None:
+        source = self.parent.inner
+        if source is not None and source.w is not self._weights:  # a swap: follow it between tokens
+            if self.inner is None:
+                self.inner = source.fork()
+            else:
+                self.inner.set_weights(source.w)
+            self._weights = source.w
+        if self.inner is not None:
+            self.inner.begin_token(step, token_id)
+
+    def observe(self, step: int, ids: np.ndarray) -> None:
+        if self.inner is not None:
+            self.inner.observe(step, ids)
+
+    def predict(self, step: int) -> Forecast | None:
+        return None if self.inner is None else self.inner.predict(step)
 
 
 def forecaster_stats(predictor) -> dict | None:

@@ -21,13 +21,16 @@ class OracleForecaster(IgnoresHistory):
     Args:
         trace: the trace being replayed.
         horizon: H, positions forecast after the current one.
+        uids: [S, L, W] global ids the replay visits, when not `trace`'s own positions (a batched
+            replay: `seqmoe.sim.lockstep`).
     """
 
-    def __init__(self, trace: RoutingTrace, horizon: int) -> None:
+    def __init__(self, trace: RoutingTrace, horizon: int, uids: np.ndarray | None = None) -> None:
         if horizon < 1:
             raise ValueError(f"horizon must be at least 1, got {horizon}")
-        T, L, K = trace.expert_ids.shape
-        self._ids = trace.expert_ids.reshape(T * L, K).astype(np.int64)  # [T*L, K] per position
+        ids = trace.expert_ids if uids is None else uids % trace.num_experts
+        T, L, K = ids.shape
+        self._ids = ids.reshape(T * L, K).astype(np.int64)  # [T*L, K] per position
         self.horizon, self.num_experts = horizon, trace.num_experts
 
     def predict(self, step: int) -> Forecast | None:

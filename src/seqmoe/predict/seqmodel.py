@@ -37,6 +37,7 @@ later `predict`s of the token return None, "no new forecast". Those calls run co
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 
@@ -181,6 +182,13 @@ class SeqPredictor:
             return SeqPredictor(self.config, self.w, self.info, window=window)
         weights = {k: v for k, v in self.w.items() if not k.startswith("far_")}
         return SeqPredictor(dataclasses.replace(self.config, far_head=False), weights, self.info, window=window)
+
+    def fork(self) -> SeqPredictor:
+        """A fresh predictor of the same weights, window, vocabulary and drafter kind: a batch lane's
+        (`seqmoe.predict.lanes`)."""
+        twin = SeqPredictor(self.config, self.w, self.info, window=self.window)
+        twin._table = self._table
+        return twin.use_drafter(None if self.drafter is None else copy.deepcopy(self.drafter))
 
     def use_drafter(self, drafter) -> SeqPredictor:
         """Read `drafter`'s guesses of the next tokens as look-ahead (None: no drafts); returns self."""

@@ -1,4 +1,4 @@
-"""Replay a routing trace as batch-1 decode against a cost model (docs/DESIGN.md's protocol).
+"""Replay a routing trace as batch-1 (or batched) decode against a cost model (docs/DESIGN.md's protocol).
 
     counts = simulate(trace, system, model=..., hardware=..., capacity=C, start=placement)
 
@@ -16,13 +16,14 @@ from seqmoe.errors import UserError
 from seqmoe.manager import Driver, System, build_manager
 from seqmoe.manager.counts import SimCounts
 from seqmoe.profiles import HardwareProfile, ModelProfile
+from seqmoe.sim.lockstep import Lockstep
 from seqmoe.trace.schema import RoutingTrace, check_dims
 
 
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,
              capacity: int, start, progress: bool = False, compiled: bool = True,
-             max_kl: float | None = None, window_tokens: int | None = None) -> SimCounts:
-    """Replay `trace` as batch-1 decode with `system` managing `capacity` slots.
+             max_kl: float | None = None, window_tokens: int | None = None, plan: Lockstep | None = None) -> SimCounts:
+    """Replay `trace` as batch-1 decode (or batched, by `plan`) with `system` managing `capacity` slots.
 
     Args:
         trace: the routing to replay (requests back to back).
@@ -36,6 +37,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.rerouting`;
             the trace must hold `router_logits`); None: the recorded routing.
         window_tokens: also count each window of this many tokens (`SimCounts.windows`).
+        plan: decode the requests B at a time in lockstep (`seqmoe.sim.lockstep`; exact routing, no
+            twins, no windows); None: batch 1.
 
     Returns:
         Counts and times of the replay (see `seqmoe.manager.summarize` for the metrics).
@@ -50,6 +53,10 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
                         "trace that holds gate_weights (`seqmoe trace collect`, or a Mixtral JSONL trace)")
     driver = Driver(build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start,
                                   compiled=compiled))
+    if plan is not None and plan.batch > 1:
+        if max_kl is not None or gates is not None or window_tokens:
+            raise UserError("a batched replay replays exact routing, without twins or windows")
+        return _simulate_batched(trace, driver, plan, progress, system.name)
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     L, K = trace.num_layers, trace.top_k
     flat = trace.uids().reshape(-1, K).astype(np.int64)  # [T * L, K]
@@ -81,6 +88,26 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     counts.routing = None if routing is None else routing.stats()
     counts.windows = windows or None
     return counts
+
+
+def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progress: bool, name: str) -> SimCounts:
+    """`simulate` over the steps of `plan`: each lane's token, every layer's [B, K] routing at once."""
+    ids = trace.expert_ids
+    tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
+    bar = tqdm(total=plan.num_steps, disable=not progress, unit="step", desc=name, mininterval=0.5, leave=False)
+    for s in range(plan.num_steps):
+        lanes = np.flatnonzero(plan.rows[s] >= 0)
+        rows = plan.rows[s, lanes]
+        driver.step_start([tokens[t] for t in rows] if tokens is not None else [None] * len(rows),
+                          plan.new[s, lanes].tolist(), lanes.tolist())
+        step_ids = ids[rows]  # [B, L, K]
+        for l in range(trace.num_layers):
+            driver.reveal(l, step_ids[:, l])
+            driver.layer_end(l)
+        if s % 64 == 63:
+            bar.update(64)
+    bar.close()
+    return driver.finish()
 
 
 def _close_window(driver: Driver, windows: list[dict], mark):

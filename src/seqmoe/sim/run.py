@@ -27,6 +27,7 @@ from seqmoe.predict.checkpoints import seq_predictor_for
 from seqmoe.predict.online import OnlineForecaster, cold_prior, online_forecaster
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
+from seqmoe.sim.lockstep import lockstep
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import RoutingTrace, check_dims
 from seqmoe.trace.split import split_trace
@@ -45,7 +46,8 @@ class Workload:
     test_uids: np.ndarray  # [T, L, K] int64
     future: FutureUses
     predictors: dict = dataclasses.field(default_factory=dict)  # forecasters loaded so far, by checkpoint path
-    belady_misses: dict = dataclasses.field(default_factory=dict)  # N_opt by capacity, computed once
+    belady_misses: dict = dataclasses.field(default_factory=dict)  # N_opt by (capacity, batch), computed once
+    plans: dict = dataclasses.field(default_factory=dict)  # batch -> (Lockstep, [S, L, W] uids visited, FutureUses)
 
 
 def load_workload(cfg: SimConfig, *, train: RoutingTrace | None = None, test: RoutingTrace | None = None) -> Workload:
@@ -88,12 +90,14 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
         residency = capacity / (L * E)
     start = [] if cfg.online else start_placement(w.train, capacity)
     n_opt, twin = None, check_twin(cfg.twin, cfg.twin_budget)
+    plan, visits, future = _plan(w, cfg.batch)
     # Belady's count is of the recorded routing with full-size copies: no bound for a replay that
     # changes the routing or reads smaller twins.
     if cfg.routing == "exact" and twin is None:
-        if capacity not in w.belady_misses:
-            w.belady_misses[capacity] = belady_misses(w.test_uids, capacity, start, w.future)
-        n_opt = w.belady_misses[capacity]
+        key = (capacity, cfg.batch)
+        if key not in w.belady_misses:
+            w.belady_misses[key] = belady_misses(w.test_uids if visits is None else visits, capacity, start, future)
+        n_opt = w.belady_misses[key]
     predictor, prior = None, None
     if system_spec(cfg.system).needs_predictor and cfg.online:
         predictor, prior = online_forecaster(L, E, K, seed=cfg.seed), cold_prior(L, E, K)
@@ -102,16 +106,16 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
             w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
         predictor = w.predictors[cfg.predictor]
     inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor,
-                          prior=prior, draft=cfg.draft)
+                          prior=prior, draft=cfg.draft, visits=visits)
     system = build_system(cfg.system, inputs, cfg.miss, twin)
     t0 = time.perf_counter()
     counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
-                      progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens)
+                      progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens, plan=plan)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
            "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
            "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget, "online": cfg.online,
-           "draft": cfg.draft}
+           "draft": cfg.draft, "batch": cfg.batch}
     if isinstance(predictor, OnlineForecaster):
         row["forecaster"] = predictor.stats()
     row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))
@@ -122,6 +126,18 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
         "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "host": host_info(),
     })  # fmt: skip
     return row
+
+
+def _plan(w: Workload, batch: int):
+    """(lockstep plan, [S, L, W] uids it visits, their FutureUses) of a batched replay, made once per
+    batch; (None, None, w.future) at batch 1."""
+    if batch == 1:
+        return None, None, w.future
+    if batch not in w.plans:
+        plan = lockstep(w.test, batch)
+        visits = plan.uids(w.test)
+        w.plans[batch] = (plan, visits, FutureUses(visits, w.test.num_layers * w.test.num_experts))
+    return w.plans[batch]
 
 
 def run_sweep(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, workload: Workload | None = None,

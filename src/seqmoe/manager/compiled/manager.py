@@ -79,6 +79,7 @@ class CompiledManager(ManagerBase):
         self.RQF = np.zeros(n + 1, np.float64)  # and completion time
         self.EV = np.zeros((4 * n + 64, 3), np.int64)  # events of one call
         self.buf = np.zeros(n + 1, np.int64)
+        self._ones = np.ones(n, np.int64)  # one activation per expert: a batch-1 reveal's multiplicities
         I, F, S, G = self.I, self.F, self.S, self.G
         S[L_], S[E_], S[K_], S[CAP] = L, E, K, capacity
         I[QSEQ] = -1
@@ -103,7 +104,6 @@ class CompiledManager(ManagerBase):
         recency.policy_reset(I, F, S, start)
         S[JOBS_KEY_STEP] = S[MEMO_STEP] = -(1 << 40)
         S[STEP] = -1
-        self.predictor = system.predictor
         self._plans = S[PREFETCHER] != PREFETCH_NONE
         self._state = (I, F, S, G, self.DQ, self.PH, self.RQI, self.RQF)
         self._serve_args = self._state + (self.EV, self.TAB, self.DISC)
@@ -193,12 +193,14 @@ class CompiledManager(ManagerBase):
         self._serve_args = self._state + (self.EV, self.TAB, self.DISC)
         self._plan_args = self._serve_args + ((self.JI, self.JF, self.WF, self.MI) if self._plans else ())
 
-    def layer(self, step_: int, needed: np.ndarray, ids, reveal: float, weights=None) -> float:
+    def layer(self, step_: int, needed: np.ndarray, ids, reveal: float, weights=None, mult=None) -> float:
         # One kernel call per reveal: inside a model's forward each first call after the forward pays
         # for cold caches (~20 us at seqmoe-tiny's dimensions), a call in the same burst ~1 us. The
         # predictor does not read the pool, so it observes and forecasts before the layer is served.
         t0 = time.perf_counter()
         pred, ok, fc, w = self.predictor, True, None, _NO_WEIGHTS
+        if mult is None:
+            mult = self._ones[:len(needed)]
         if pred is not None and ids is not None:
             pred.observe(step_, ids)
         if self.twin is not None:
@@ -206,10 +208,10 @@ class CompiledManager(ManagerBase):
             w = np.asarray(weights, dtype=np.float64)
         if self._plans:
             fc = pred.predict(step_)
-            status, start, ok = step.layer(*self._plan_args, needed, w, step_, reveal, self.buf,
+            status, start, ok = step.layer(*self._plan_args, needed, mult, w, step_, reveal, self.buf,
                                            *self._forecast_args(fc))
         else:
-            status, start = step.serve(*self._serve_args, needed, w, step_, reveal, self.buf, True)
+            status, start = step.serve(*self._serve_args, needed, mult, w, step_, reveal, self.buf, True)
         if self.S[NEV]:
             self._deliver()
         if status != OK:

@@ -13,8 +13,8 @@ import numpy as np
 from seqmoe.manager.compiled import deadline, engine, forecast, ops
 from seqmoe.manager.compiled import miss_paths
 from seqmoe.manager.compiled.layout import (
-    ADDED, CAP, DONE_AT, ERR_NO_SLOT, EV_PROMOTE, FINISH, LATE, LAYER_S, L_, MISS, MISSES, MISS_COPY, NOW, NUM_PRESENT,
-    OK, PACE, PACE_WEIGHT, PATH_CPU_COPY, PATH_TWIN, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
+    ADDED, CAP, DONE_AT, EV_PROMOTE, FINISH, HOST, IN_PLACE, LATE, LAYER_S, L_, MISS, MISSES, MISS_COPY, NOW, NUM_PRESENT,
+    MISS_CPU, MISS_IN_PLACE, OK, PACE, PACE_WEIGHT, PATH_CPU_COPY, PATH_TWIN, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
     READY, STALL, STEP, UNUSED_PF,
 )
 from seqmoe.manager.compiled.forecast import demand_victims
@@ -56,11 +56,12 @@ def _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
 
 
 @jit
-def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, reveal, buf, finish):
-    """The router of the layer at `step` revealed `needed` ([K] uids) at time `reveal` with gate
-    `weights` ([K] float64, read by the twin path; empty without one): count hits, queue demand
-    copies and reads, and `finish_layer` when `finish` (no decisions come in between). Returns
-    (status, the time its experts can start)."""
+def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, mult, weights, step, reveal, buf, finish):
+    """The router of the layer at `step` revealed `needed` (distinct uids: K at batch 1) at time
+    `reveal`, `mult[i]` activations of `needed[i]` (the rows routed to it), with gate `weights`
+    ([K] float64, read by the twin path; empty without one): count hits and misses per activation,
+    queue one demand copy or read per expert, and `finish_layer` when `finish` (no decisions come
+    in between). Returns (status, the time its experts can start)."""
     S[STEP] = step
     G[NOW] = reveal
     ops.finish_copies(I, F, S, G, DQ, PH, RQI, RQF, reveal, buf)
@@ -72,11 +73,12 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, re
     start = reveal
     waiting = np.empty(len(needed), dtype=np.int64)
     nw = 0
-    for u in needed:
+    for i in range(len(needed)):
+        u = needed[i]
         if not I[PRESENT, u]:
             continue
         if I[PENDING, u]:  # issued before the reveal: a hit, late
-            S[LATE] += 1
+            S[LATE] += mult[i]
             done = F[DONE_AT, u]
             if done != done:  # still queued: the layer needs it now
                 engine.demand(I, F, S, G, DQ, PH, RQI, RQF, u, reveal)
@@ -86,7 +88,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, re
             elif done > start:
                 start = done
         else:
-            S[READY] += 1
+            S[READY] += mult[i]
         I[UNUSED_PF, u] = 0
         policy_access(I, F, S, u, step)
     twins = miss_paths.pick_twins(I, G, needed, weights) if len(weights) else np.zeros(len(needed), np.bool_)
@@ -98,7 +100,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, re
         u = needed[i]
         if I[PRESENT, u]:
             continue
-        S[MISSES] += 1
+        S[MISSES] += mult[i]
         victim = -1
         if twins[i] and miss_paths.twin_serves(I, S, G, DQ, weights[i], reveal):
             reads += miss_paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, PATH_TWIN, step, reveal)
@@ -107,10 +109,12 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, re
             path, victim = miss_paths.choose(I, F, S, G, DQ, TAB, DISC, u, reveal)
             if path == PATH_CPU_COPY:  # the policy hears of the use when the copy lands
                 miss_paths.on_host(S, G, EV, u, reveal)
+                S[HOST] += mult[i] - 1  # one pass over the expert serves its rows; counts are per activation
                 ops.prefetch(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, u, step + S[L_], victim)
                 continue
             if path != MISS_COPY:
                 reads += miss_paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, path, step, reveal)
+                S[HOST if path == MISS_CPU else IN_PLACE] += mult[i] - 1
                 continue
         # The victims can be listed once the policy stands at this position (keep values stay then).
         elif S[NUM_PRESENT] >= S[CAP] and nq >= 0 and S[POL_STEP] == step:
@@ -125,7 +129,10 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, re
         if not (ops.make_room(I, F, S, G, EV, TAB, DISC, victim) or _reclaim_prefetch(I, S, PH, EV, needed)):
             nq = -1  # the slow paths change what is pinned: ask the policy from here on
             if not _await_running(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, buf):
-                return ERR_NO_SLOT, start
+                # Every slot holds this layer's experts or a copy in flight: read the row in place.
+                reads += miss_paths.off_pool(I, F, S, G, DQ, PH, RQI, RQF, EV, u, MISS_IN_PLACE, step, reveal)
+                S[IN_PLACE] += mult[i] - 1
+                continue
         ops.demand_load(I, F, S, G, DQ, PH, RQI, RQF, EV, u, step, reveal)
         policy_access(I, F, S, u, step)
         waiting[nw] = u
@@ -190,12 +197,12 @@ def end_layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, step,
 
 
 @jit
-def layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, needed, weights, step, reveal, buf,
+def layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, needed, mult, weights, step, reveal, buf,
           new_forecast, steps, probs, floor):
     """`serve`, `decide` and `finish_layer` of a reveal in one call (the first call after the model's
     forward costs ~20 us of cold caches in the runtime, the next ones ~1). Returns (status, the time
     the layer's experts can start, whether the forecast fit)."""
-    status, start = serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, weights, step, reveal, buf, False)
+    status, start = serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, mult, weights, step, reveal, buf, False)
     if status != OK:
         return status, start, True
     ok = decide(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, new_forecast, steps, probs, floor)
