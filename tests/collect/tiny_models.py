@@ -23,6 +23,7 @@ _COMMON = dict(
 _DEEPSEEK = dict(
     num_hidden_layers=4, first_k_dense_replace=1, n_routed_experts=8, n_shared_experts=1, moe_intermediate_size=16,
     kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8, head_dim=4,
+    num_key_value_heads=4,  # as in the real models: MLA's keys have every head (2 breaks a padded batch's mask)
 )
 _CONFIGS: dict[str, dict] = {
     "mixtral": dict(num_hidden_layers=3, num_local_experts=8, head_dim=8),
@@ -48,7 +49,7 @@ def tiny_model(arch: str, seed: int = 0) -> torch.nn.Module:
 
     if arch not in _CONFIGS:
         raise ValueError(f"unknown tiny architecture {arch!r}; choose from {', '.join(ARCHS)}")
-    config = AutoConfig.for_model(arch, **_COMMON, **_CONFIGS[arch])
+    config = AutoConfig.for_model(arch, **{**_COMMON, **_CONFIGS[arch]})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)

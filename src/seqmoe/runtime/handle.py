@@ -101,6 +101,12 @@ class OffloadRuntime:
     def _wrappers(self) -> list[OffloadedExperts]:
         return [m.experts for m in self._layers if isinstance(m.experts, OffloadedExperts)]
 
+    def use_lanes(self, lanes: list[int] | None) -> None:
+        """The rows of the next forwards are these lanes (a server's batch slots), one per row, so each
+        sequence keeps its forecaster state (`seqmoe.predict.lanes`) as other rows come and go;
+        None: rows are lanes 0..B-1, as `model.generate` batches them."""
+        self.controller.lanes = None if lanes is None else [int(b) for b in lanes]
+
     def synchronize(self) -> None:
         """Wait until the control plane has seen every step and every queued expert copy has run."""
         self._catch_up()

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from seqmoe.errors import UserError
 from seqmoe.manager import Driver, System
 from seqmoe.runtime.core.copier import CopyWorker
 from seqmoe.runtime.core.pool import ExpertPool
@@ -99,7 +100,7 @@ class Controller(PostedSteps):
         self._tokens: list[int | None] = []
         self._offsets = [0]
         self._positions = 0  # positions run whole, recorded or not
-        self._forward: tuple[np.ndarray, np.ndarray, list[int | None]] | None = None
+        self._forward: tuple[np.ndarray, np.ndarray, list[list[int | None]]] | None = None  # [B, N, L, K] ids, weights, tokens
         self._next_layer = 0
         self._shape = (0, top_k)
         self._new_request = True
@@ -120,6 +121,7 @@ class Controller(PostedSteps):
         self._twins: set[int] = set()  # uids the manager gave to their low-bit twins at the current reveal
         self.relay = None  # posted.host_relay.HostRelay: the host CPU path of posted decode steps
         self.pregate = None  # eager.pregate.LivePregate, when the system fuses pre-gating
+        self.lanes: list[int] | None = None  # the lanes of the forwards' rows (`OffloadRuntime.use_lanes`); None: 0..B-1
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
         self.state, self.pool, self.worker = manager, pool, worker
@@ -150,45 +152,52 @@ class Controller(PostedSteps):
 
     def off_pool_experts(self, layer: int) -> tuple[frozenset[int], frozenset[int]]:
         """(the expert ids of `layer` the manager sent to the host CPU, those it gave to their twins)
-        for the decode position being computed inline (empty otherwise: a prompt forward computes
+        for the decode step being computed inline (empty otherwise: a prompt forward computes
         every expert where it is)."""
-        if not (self._on_host or self._twins) or self._forward is None or len(self._forward[2]) != 1:
+        if not (self._on_host or self._twins) or self._forward is None or len(self._forward[2][0]) != 1:
             return frozenset(), frozenset()
         base = layer * self.E
         return tuple(frozenset(u - base for u in s if base <= u < base + self.E) for s in (self._on_host, self._twins))
 
     # -- routing events (model hooks) ------------------------------------------------------------------
-    def begin_forward(self, tokens: list[int | None], new_request: bool) -> None:
-        """A forward over `len(tokens)` positions starts; `new_request`: its cache was empty."""
-        if new_request and self.record and self._offsets[-1] < len(self._tokens):
+    def begin_forward(self, tokens: list, new_request: bool) -> None:
+        """A forward starts over `tokens`: [N] ids of one sequence, or [B][N] of a batch of B rows
+        (one lane each, `seqmoe.predict.lanes`); `new_request`: its cache was empty (every row's)."""
+        rows = tokens if tokens and isinstance(tokens[0], list) else [tokens]
+        if new_request and self.record and len(rows) == 1 and self._offsets[-1] < len(self._tokens):
             self._offsets.append(len(self._tokens))
-        n = len(tokens)
-        self._forward = (np.zeros((n, self.L, self.K), np.int16), np.zeros((n, self.L, self.K), np.float32), tokens)
+        b, n = len(rows), len(rows[0])
+        self._forward = (np.zeros((b, n, self.L, self.K), np.int16), np.zeros((b, n, self.L, self.K), np.float32), rows)
         self._new_request = new_request
         self._next_layer = 0
-        self._shape = (n, self.K)
+        self._shape = (b * n, self.K)
 
     def route(self, layer: int, ids: np.ndarray, weights: np.ndarray) -> None:
-        """Layer `layer`'s router chose `ids` [N, K] with `weights` for the forward's N positions."""
+        """Layer `layer`'s router chose `ids` [B * N, K] with `weights` for the forward's B rows of N positions."""
         if self._forward is None:
             raise RuntimeError("a router ran outside a model forward; call the model, not its layers")
         buf_ids, buf_w, tokens = self._forward
         if layer != self._next_layer or ids.shape != self._shape:
             raise RuntimeError(f"MoE layer {layer} routed {ids.shape} out of order (expected layer "
-                               f"{self._next_layer}, shape {self._shape}); batch-1 forwards only")
+                               f"{self._next_layer}, shape {self._shape})")
         with critical():
-            buf_ids[:, layer], buf_w[:, layer] = ids, weights
+            b, n = buf_ids.shape[:2]
+            buf_ids[:, :, layer] = ids.reshape(b, n, self.K)
+            buf_w[:, :, layer] = weights.reshape(b, n, self.K)
             self._next_layer = layer + 1
             self._on_host.clear()
             self._twins.clear()
-            if self._shape[0] == 1:
+            if n == 1:  # a decode step: driven as it routes
                 if layer == 0:
-                    self._token_start(tokens[0])
-                self.driver.reveal(layer, buf_ids[0, layer], weights=buf_w[0, layer])
+                    self._step_start([row[0] for row in tokens])
+                if b == 1:
+                    self.driver.reveal(layer, buf_ids[0, 0, layer], weights=buf_w[0, 0, layer])
+                else:
+                    self.driver.reveal(layer, buf_ids[:, 0, layer])
 
     def experts_done(self, layer: int) -> None:
         """Layer `layer`'s experts finished computing."""
-        if self._forward is not None and len(self._forward[2]) == 1:
+        if self._forward is not None and len(self._forward[2][0]) == 1:
             with critical():
                 self._layer_end(layer)
 
@@ -203,18 +212,22 @@ class Controller(PostedSteps):
         if self._next_layer != self.L:
             self._drop_partial_token()
             return
-        done = len(tokens) if len(tokens) == 1 else 0  # one position was driven as it routed
+        b, n = ids.shape[:2]
+        done = 1 if n == 1 else 0  # one position was driven as it routed
         try:
-            while done < len(tokens):
+            while done < n:
                 with critical():  # one position at a time: a long prompt's replay stays interruptible
-                    self._token_start(tokens[done], new_request=self._new_request and done == 0)
+                    self._step_start([row[done] for row in tokens], new_request=self._new_request and done == 0)
                     for l in range(self.L):
-                        self.driver.reveal(l, ids[done, l], weights=weights[done, l])
+                        if b == 1:
+                            self.driver.reveal(l, ids[0, done, l], weights=weights[0, done, l])
+                        else:
+                            self.driver.reveal(l, ids[:, done, l])
                         self._layer_end(l)
                     done += 1
         finally:
             if done:
-                self._keep(ids[:done], weights[:done], tokens[:done])
+                self._keep(ids[:, :done], weights[:, :done], [row[:done] for row in tokens])
 
     # -- the lifetime of a forward (model thread) ----------------------------------------------------
     def open_forward(self, posted: bool) -> None:
@@ -286,18 +299,28 @@ class Controller(PostedSteps):
         if self._mid_token:
             self._mid_token = False
             self.abandoned += 1
-            self.driver.tokens += 1  # positions are numbered by finished tokens: none is numbered twice
+            self.driver.abandon()  # positions are numbered by steps: none is numbered twice
 
-    def _keep(self, ids: np.ndarray, weights: np.ndarray, tokens: list[int | None]) -> None:
-        self._positions += len(tokens)
-        if self.record:
-            self._ids.append(ids)
-            self._weights.append(weights)
-            self._tokens += tokens
+    def _keep(self, ids: np.ndarray, weights: np.ndarray, tokens: list[list[int | None]]) -> None:
+        """Count the positions run whole ([B, N, L, K] routing of B rows); record them at batch 1
+        (`trace()` holds batch-1 forwards only: the simulator replays batches by its own schedule)."""
+        self._positions += sum(len(row) for row in tokens)
+        if self.record and len(tokens) == 1:
+            self._ids.append(ids[0])
+            self._weights.append(weights[0])
+            self._tokens += tokens[0]
 
-    def _token_start(self, token: int | None, new_request: bool | None = None) -> None:
+    def _step_start(self, tokens: list[int | None], new_request: bool | None = None) -> None:
+        """A decode step starts over one token per row (batch 1: a token of the one sequence)."""
         self._mid_token = True  # set first: an interrupt inside token_start still drops the token
-        self.driver.token_start(token, self._new_request if new_request is None else new_request)
+        new = self._new_request if new_request is None else new_request
+        lanes = self.lanes
+        if lanes is not None and len(lanes) != len(tokens):
+            raise UserError(f"a forward of {len(tokens)} rows ran with {len(lanes)} lanes set (runtime.use_lanes)")
+        if len(tokens) == 1 and lanes in (None, [0]):
+            self.driver.token_start(tokens[0], new)
+        else:
+            self.driver.step_start(tokens, [new] * len(tokens), lanes)
 
     def _layer_end(self, layer: int) -> None:
         self.driver.layer_end(layer)

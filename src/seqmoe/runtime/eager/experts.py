@@ -20,7 +20,7 @@ def eager_forward(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tens
     """`OffloadedExperts.forward` of a call whose routing the host knows (`x`: the experts module)."""
     t0 = time.perf_counter()
     index, bound = x.routed(args, kwargs, hidden_states)
-    if (x.host is not None or x.twins is not None) and bound is None and index.shape[0] == 1:
+    if (x.host is not None or x.twins is not None) and bound is None:  # empty but in a decode step
         on_host, twins = x.control.off_pool_experts(x.layer)
         if on_host or twins:
             out = _split(x, hidden_states, index, args[1], on_host, twins)

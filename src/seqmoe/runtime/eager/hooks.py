@@ -2,7 +2,7 @@
 
     handles = install_hooks(controller, model, routers)   # each with .remove()
 
-- a forward pre-hook on the model: checks batch 1, opens the forward (inline, or a posting decode
+- a forward pre-hook on the model: checks the batch (B > 1 only with inline control), opens the forward (inline, or a posting decode
   step in thread mode; a prompt first waits for the control thread);
 - a forward post-hook (always called on Exception): closes it (the prompt's positions replay);
 - one forward hook per MoE router: its routing, inline (host values) or posted (device ops);
@@ -56,8 +56,8 @@ class _ForwardGuard:
             del self.model.forward
 
 
-def _inputs(args, kwargs) -> tuple[torch.Tensor | None, list[int | None] | None]:
-    """(input_ids or None, [None] * T when only embeddings are given); UserError unless batch 1."""
+def _inputs(args, kwargs) -> tuple[torch.Tensor | None, list | None, int]:
+    """(input_ids or None, [[None] * T] * B when only embeddings are given, B)."""
     ids = kwargs.get("input_ids", args[0] if args else None)
     if ids is not None:
         shape, tokens = ids.shape, None
@@ -65,23 +65,36 @@ def _inputs(args, kwargs) -> tuple[torch.Tensor | None, list[int | None] | None]
         emb = kwargs.get("inputs_embeds")
         if emb is None:
             raise UserError("the offloaded model was called without input_ids or inputs_embeds")
-        shape, tokens = emb.shape[:2], [None] * emb.shape[1]
-    if len(shape) != 2 or shape[0] != 1:
-        raise UserError(f"the offload runtime serves batch 1; got inputs of shape {tuple(shape)}")
-    return ids, tokens
+        shape, tokens = emb.shape[:2], [[None] * emb.shape[1] for _ in range(emb.shape[0])]
+    if len(shape) != 2 or shape[0] < 1:
+        raise UserError(f"the offload runtime takes inputs of shape [batch, positions]; got {tuple(shape)}")
+    return ids, tokens, int(shape[0])
+
+
+def _check_batch(controller: Controller, batch: int) -> None:
+    """UserError when a batch of `batch` rows meets what serves one sequence only."""
+    if batch == 1:
+        return
+    if controller.thread is not None or controller.graph_step:
+        raise UserError(f"a batch of {batch} sequences runs with control='inline' (--control inline); the posted "
+                        "engine and DecodeGraph decode one sequence")
+    if controller.pregate is not None or controller.routing is not None:
+        raise UserError(f"a batch of {batch} sequences runs with exact routing and no live pre-gating: drop "
+                        "routing='cache-aware' or the seqmoe-hybrid system, or decode one sequence at a time")
 
 
 def _pre_hook(controller: Controller):
     def hook(module, args, kwargs):
         t0 = time.perf_counter()
-        ids, tokens = _inputs(args, kwargs)
+        ids, tokens, batch = _inputs(args, kwargs)
+        _check_batch(controller, batch)
         if controller.graph_step:  # DecodeGraph opened the step: nothing here may read a device value
             controller.graph_pre(ids[:, -1] if ids is not None else None)
             return
         thread = controller.thread
         cache = kwargs.get("cache", kwargs.get("past_key_values"))  # renamed during v5: both names
         new_request = cache is None or not hasattr(cache, "get_seq_length") or bool(cache.get_seq_length() == 0)
-        n = ids.shape[1] if ids is not None else len(tokens)
+        n = ids.shape[1] if ids is not None else len(tokens[0])
         if thread is not None and n == 1 and not new_request and (controller.num_tokens or thread.launched):
             controller.begin_posted(ids[:, -1] if ids is not None else None)
             controller.host_s += time.perf_counter() - t0
@@ -90,7 +103,7 @@ def _pre_hook(controller: Controller):
             controller.abort()  # this thread's earlier forward, if it never ended, is not waited for
             thread.catch_up()
         if tokens is None:
-            tokens = ids[0].tolist()
+            tokens = ids.tolist()
         controller.begin_inline(tokens, new_request or controller.num_tokens == 0)
         controller.host_s += time.perf_counter() - t0
 

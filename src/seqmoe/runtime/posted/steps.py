@@ -84,7 +84,7 @@ class PostedSteps:
         experts it sends to the host CPU go to the relay."""
         if layer == 0:
             self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
-            self._token_start(token, new_request=False)
+            self._step_start([token], new_request=False)
         step_ids, step_w, tok = self._step
         step_ids[0, layer], step_w[0, layer] = ids, weights
         self._on_host.clear()
@@ -94,7 +94,7 @@ class PostedSteps:
             self.relay.decide(step, layer, sorted(u - base for u in self._on_host))
         self._layer_end(layer)
         if layer == self.L - 1:
-            self._keep(step_ids, step_w, [tok])
+            self._keep(step_ids[None], step_w[None], [[tok]])
 
     def abandon_step(self, layers: int) -> None:
         """The decode step being read was cut short after `layers` layers (control thread, under the lock)."""

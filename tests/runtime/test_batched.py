@@ -1,0 +1,95 @@
+"""Batched decode on an offloaded model: B sequences of different prompt lengths through
+`model.generate` (left padding, attention mask) give each sequence its batch-1 full-load tokens.
+
+The offloaded batch is compared with the full model's batch on the same inputs (the same
+arithmetic: bit-identical on the CPU), and that with each prompt decoded alone; where batching's
+arithmetic (padded attention) flips a near-tie, the assertion names the logit gap.
+Run: pytest tests/runtime/test_batched.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqmoe.errors import UserError
+from seqmoe.runtime import offload
+from tests.collect.tiny_models import ARCHS
+from tests.runtime.conftest import TEST_HW, fresh, reference
+
+PROMPTS = [[1, 17, 42, 5, 88, 23], [1, 9, 3], [1, 61, 9, 33, 70, 12, 4, 8, 2], [1, 50]]
+NEW_TOKENS = 8
+
+
+def _padded(prompts):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def generate_batch(model, prompts=PROMPTS, new_tokens=NEW_TOKENS) -> torch.Tensor:
+    """[B, new_tokens] greedy continuations of left-padded `prompts`, decoded together."""
+    ids, mask = _padded(prompts)
+    out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                         num_beams=1, pad_token_id=0)
+    return out[:, ids.shape[1]:]
+
+
+def check_alone(model, batch: torch.Tensor, prompts=PROMPTS) -> None:
+    """Each row of `batch` (the full model's) equals its prompt decoded alone, or the step where they
+    part was a near-tie of the alone run (top-two logit gap under 1e-4), which the message names."""
+    for p, row in zip(prompts, batch):
+        ids = torch.tensor([p])
+        alone = model.generate(ids, max_new_tokens=len(row), do_sample=False, num_beams=1, pad_token_id=0)[0, len(p):]
+        n = len(alone)  # shorter when it stopped at EOS: the batch pads that row from there
+        if torch.equal(alone, row[:n]) and not row[n:].any():
+            continue
+        k = int((alone != row[:n]).nonzero()[0])
+        with torch.no_grad():
+            last = model(torch.cat([ids[0], alone[:k]])[None]).logits[0, -1]
+        top = last.topk(2).values
+        gap = float(top[0] - top[1])
+        assert gap < 1e-4, f"prompt {p}: token {k} is {int(row[k])} batched, {int(alone[k])} alone (gap {gap:.2e})"
+
+
+@pytest.mark.parametrize("miss", ["copy", "auto"])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_each_sequence_of_a_batch_gets_its_full_load_tokens(arch, miss):
+    ref = reference(arch)
+    full = generate_batch(ref.model)
+    check_alone(ref.model, full)
+    for system in ("on-demand-lru", "seqmoe"):
+        model = fresh(arch)
+        rt = offload(model, 0.3, system, train=ref.train, hardware=TEST_HW, miss=miss)
+        got = generate_batch(model)
+        assert torch.equal(got, full), f"{arch} {system} {miss}: {got.tolist()} != {full.tolist()}"
+        s = rt.stats()
+        width = max(map(len, PROMPTS))
+        positions = len(PROMPTS) * (width + NEW_TOKENS - 1)  # every row's prompt (padding included) and decode steps
+        assert s["activations"] == s["ready"] + s["late"] + s["misses"] == positions * s["num_layers"] * s["top_k"]
+        assert s["copies"] > 0 and s["misses"] > 0  # the slots were used, and the host rows read
+        rt.restore()
+
+
+def test_seqmoe_tiny_batched_on_the_online_default():
+    from seqmoe.collect import load_model
+
+    model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
+    prompts = [[1, 300, 301, 302, 50], [1, 7], [1, 90, 2, 11, 400, 12, 3, 44]]
+    full = generate_batch(model, prompts)
+    check_alone(model, full, prompts)
+    for miss in ("copy", "auto"):
+        rt = offload(model, 0.3, miss=miss)
+        assert torch.equal(generate_batch(model, prompts), full), miss
+        assert rt.stats()["forecaster"]["source"] in ("new", "cache")
+        rt.restore()
+
+
+def test_a_batch_is_refused_where_only_one_sequence_is_served():
+    ref = reference("mixtral")
+    model = fresh("mixtral")
+    rt = offload(model, 0.5, "on-demand-lru", train=ref.train, hardware=TEST_HW, routing="cache-aware", max_kl=0.1)
+    with pytest.raises(UserError, match="exact routing"):
+        generate_batch(model)
+    rt.restore()
