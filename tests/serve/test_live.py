@@ -15,7 +15,7 @@ from tests.serve.test_server import PROMPTS, complete
 @pytest.fixture(scope="module")
 def small_queue():
     """seqmoe-tiny as shipped (no chat template) behind a queue of 2."""
-    server = LiveServer(queue_limit=2, threads=1)
+    server = LiveServer(queue_limit=2, max_batch=1, threads=1)
     yield server
     server.close()
 

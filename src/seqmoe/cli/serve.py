@@ -5,7 +5,7 @@
         -d '{"model": "seqmoe-tiny", "prompt": "def parse(", "max_tokens": 32}'
 
 The model is loaded once on the CPU and offloaded as `seqmoe generate` does (same flags); one
-engine thread decodes one request at a time, the others wait in a FIFO queue (`--queue-limit`).
+engine thread decodes up to `--max-batch` requests together, the others wait in a FIFO queue (`--queue-limit`).
 `add_serve_commands(subparsers)` registers the command (src/seqmoe/cli/__init__.py). Bad input raises
 `UserError`; fastapi and uvicorn are the `serve` extra and are imported only when it runs.
 """
@@ -29,7 +29,8 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
         help="OpenAI-compatible HTTP server (completions, chat, streaming) for an offloaded model",
         description="Load a MoE causal LM once, offload its routed experts (C = floor(R x L x E) device slots managed "
         "by --system) and serve GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream: true as "
-        "server-sent events) and GET /stats. One request decodes at a time; the others wait in a FIFO queue.",
+        "server-sent events) and GET /stats. Up to --max-batch requests decode together; the others wait in a FIFO "
+        "queue.",
     )
     add_offload_flags(s)
     s.add_argument("--graph", action="store_true", help="decode greedy requests with DecodeGraph (a static cache "
@@ -37,7 +38,11 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
                    "and a disconnect is seen only between requests. Sampled requests decode step by step")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port, printed)")
-    s.add_argument("--queue-limit", type=int, default=32, help="requests that may wait behind the running one; "
+    s.add_argument("--max-batch", type=int, default=8, help="requests decoded together: they join and leave the "
+                   "running batch between decode steps (continuous batching); 1: one at a time. One at a time anyway "
+                   "with --graph, --control thread, cache-aware routing, pre-gating, twins or a sliding-window cache "
+                   "(default: 8)")
+    s.add_argument("--queue-limit", type=int, default=32, help="requests that may wait beside the running batch; "
                    "past it the server answers 429 (default: 32)")
     s.add_argument("--context-length", type=int, default=None, help="prompt + completion tokens at most (default: the "
                    "model's max_position_embeddings)")
@@ -53,6 +58,8 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
 def _check_args(args) -> None:
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
+    if args.max_batch < 1:
+        raise UserError(f"--max-batch must be >= 1, got {args.max_batch}")
     if args.queue_limit < 0:
         raise UserError(f"--queue-limit must be >= 0, got {args.queue_limit}")
     if args.context_length is not None and args.context_length < 2:
@@ -89,6 +96,7 @@ def run_serve(args) -> int:
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
     served = load_engine(load, cfg, graph=args.graph, queue_limit=args.queue_limit,
+                         max_batch=args.max_batch,
                          context_length=args.context_length, chat_template=args.chat_template,
                          name=args.served_model_name, progress=progress(args))
     host, port = sock.getsockname()[:2]

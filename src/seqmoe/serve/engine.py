@@ -1,23 +1,28 @@
-"""One engine thread that owns an offloaded model and decodes one request at a time, FIFO.
+"""One engine thread that owns an offloaded model and decodes its requests in a running batch.
 
-    engine = Engine(runtime, tokenizer, queue_limit=32)       # starts its thread
+    engine = Engine(runtime, tokenizer, queue_limit=32, max_batch=8)   # starts its thread
     job = Job(prompt_ids=[...], params=GenParams(max_tokens=32), emit=callback)
     engine.submit(job)                                        # QueueFull past queue_limit waiting jobs
     engine.cancel(job)                                        # a waiting job leaves the queue; a running one stops after its token
-    engine.call(fn).result()                                  # fn() on the engine thread, between two tokens
+    engine.call(fn).result()                                  # fn() on the engine thread, between two steps
     engine.close()
 
-The runtime is batch 1 and torch is not re-entrant, so every forward (and `runtime.stats()`)
-runs on this thread; HTTP handlers only enqueue jobs and receive events through `emit`, which
-the engine calls from its thread: ("text", delta), then ("done", finish_reason, usage) or
-("error", message). A cancelled job gets no more events. Cancelling never interrupts a forward:
-the decode loop looks at the job's flag after each token, so the runtime's state stays
-consistent and the next job starts at once.
+Continuous batching: between two decode steps, waiting jobs join the running batch (FIFO, up to
+`max_batch` rows) by a prompt forward of their own, and finished or cancelled ones leave; each
+decode step is one forward over every running row (`serve.kv.BatchKV`: a left-padded cache and its
+mask), each row on its own lane of the runtime (`OffloadRuntime.use_lanes`), so each sequence keeps
+its forecaster state. torch is not re-entrant, so every forward (and `runtime.stats()`) runs on this
+thread; HTTP handlers only enqueue jobs and receive events through `emit`, which the engine calls
+from its thread: ("text", delta), then ("done", finish_reason, usage) or ("error", message). A
+cancelled job gets no more events. Cancelling never interrupts a forward: the engine looks at the
+jobs' flags after each step, so the runtime's state stays consistent.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import ctypes.util
 import inspect
 import secrets
 import threading
@@ -29,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from seqmoe.serve.kv import BatchKV, batchable
 from seqmoe.serve.sampling import TextStream, choose_token
 
 
@@ -74,7 +80,7 @@ class ServerCounts:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     forward_positions: int = 0  # positions the model ran: prompt + completion - 1 per request
-    decode_s: float = 0.0        # wall seconds in jobs (prompt included)
+    busy_s: float = 0.0          # wall seconds with jobs running or waiting
 
 
 class Engine:
@@ -83,16 +89,18 @@ class Engine:
     Args:
         runtime: an `OffloadRuntime` (or None with `model` given: the model served fully loaded).
         tokenizer: the model's tokenizer (decodes the generated text).
-        queue_limit: jobs that may wait behind the running one; `submit` raises QueueFull past it.
+        queue_limit: jobs that may wait beside the running batch; `submit` raises QueueFull past it.
+        max_batch: rows decoded together at most (1: one request at a time). Lowered to 1, with the
+            reason in `batch_note`, where the runtime or the model's cache serves one sequence.
         eos_token_ids: generation ends after any of these (default: the model's generation config's,
             else the tokenizer's).
         graph: a `seqmoe.runtime.DecodeGraph` that decodes greedy jobs (None: the eager loop); it
-            stops at one end-of-sequence id only (the smallest).
+            stops at one end-of-sequence id only (the smallest); it decodes one sequence.
         model: the model to serve when `runtime` is None.
     """
 
-    def __init__(self, runtime, tokenizer, *, queue_limit: int = 32, eos_token_ids: tuple[int, ...] | None = None,
-                 graph=None, model=None) -> None:
+    def __init__(self, runtime, tokenizer, *, queue_limit: int = 32, max_batch: int = 1,
+                 eos_token_ids: tuple[int, ...] | None = None, graph=None, model=None) -> None:
         self.runtime, self.tokenizer, self.graph = runtime, tokenizer, graph
         self.model = runtime.model if runtime is not None else model
         self.device = next(self.model.parameters()).device
@@ -103,8 +111,11 @@ class Engine:
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         # generate() computes only the last position's logits in the prompt pass; so do we (same numbers)
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
+        self.batch_note = _single_reason(runtime, graph, self._new_cache())
+        self.max_batch = 1 if self.batch_note else max_batch
         self.counts_ = ServerCounts()
-        self.running: Job | None = None
+        self._rows: list[_Row] = []  # the running batch, in the order of its cache's rows
+        self._kv: BatchKV | None = None
         self._jobs: collections.deque[Job] = collections.deque()
         self._calls: collections.deque[tuple[Callable, Future]] = collections.deque()
         self._cv = threading.Condition()
@@ -118,8 +129,8 @@ class Engine:
         with self._cv:
             if self._closing:
                 raise RuntimeError("the engine is closed")
-            # jobs that would wait behind a running one once this one is in (an idle engine starts one at once)
-            if len(self._jobs) + 1 - (self.running is None) > self.queue_limit:
+            # jobs that would wait once this one is in (free rows of the batch take jobs at once)
+            if len(self._jobs) + 1 - max(0, self.max_batch - len(self._rows)) > self.queue_limit:
                 self.counts_.rejected += 1
                 raise QueueFull(f"{len(self._jobs)} requests are already waiting (queue limit {self.queue_limit})")
             self.counts_.received += 1
@@ -127,7 +138,7 @@ class Engine:
             self._cv.notify()
 
     def cancel(self, job: Job) -> None:
-        """Drop a waiting job, or stop a running one after its current token; no more events for it."""
+        """Drop a waiting job, or stop a running one after its current step; no more events for it."""
         with self._cv:
             if job.cancelled.is_set():
                 return
@@ -137,7 +148,7 @@ class Engine:
                 self.counts_.cancelled += 1
 
     def call(self, fn: Callable[[], object]) -> Future:
-        """Run fn() on the engine thread (between two tokens, or at once when idle); its future."""
+        """Run fn() on the engine thread (between two steps, or at once when idle); its future."""
         fut: Future = Future()
         with self._cv:
             if self._closing:
@@ -149,19 +160,20 @@ class Engine:
     def counts(self) -> dict:
         with self._cv:
             c = dict(vars(self.counts_))
-            c.update(waiting=len(self._jobs), running=self.running is not None, queue_limit=self.queue_limit,
-                     wall_tokens_per_s=c["completion_tokens"] / c["decode_s"] if c["decode_s"] else 0.0)
+            c.update(waiting=len(self._jobs), running=len(self._rows), max_batch=self.max_batch,
+                     queue_limit=self.queue_limit,
+                     wall_tokens_per_s=c["completion_tokens"] / c["busy_s"] if c["busy_s"] else 0.0)
         return c
 
     def close(self) -> None:
-        """Cancel what waits, finish the running token, stop the thread."""
+        """Cancel what waits, finish the running step, stop the thread."""
         with self._cv:
             self._closing = True
             for job in self._jobs:
                 job.cancelled.set()
             self._jobs.clear()
-            if self.running is not None:
-                self.running.cancelled.set()
+            for row in self._rows:
+                row.job.cancelled.set()
             self._cv.notify()
         self._thread.join()
 
@@ -170,15 +182,20 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._jobs and not self._calls and not self._closing:
+                while not self._jobs and not self._calls and not self._rows and not self._closing:
                     self._cv.wait()
-                if self._closing and not self._calls:
+                if self._closing and not self._calls and not self._rows:
                     return
-                job = self._jobs.popleft() if self._jobs else None
-                self.running = job
+                t0 = time.perf_counter()
             self._run_calls()
-            if job is not None:
-                self._run(job)
+            self._admit()
+            if self._rows:
+                self._guarded(self._step)
+                if not self._rows:
+                    _trim_heap()
+            with self._cv:
+                if self._rows or self._jobs:
+                    self.counts_.busy_s += time.perf_counter() - t0
 
     def _run_calls(self) -> None:
         while True:
@@ -192,82 +209,138 @@ class Engine:
                 except BaseException as e:  # noqa: BLE001 - handed to the caller
                     fut.set_exception(e)
 
-    def _run(self, job: Job) -> None:
-        t0 = time.perf_counter()
-        stats = _JobCounts()
+    def _admit(self) -> None:
+        """Waiting jobs join the batch, FIFO, while it has free rows (each by its prompt forward)."""
+        while True:
+            with self._cv:
+                if self._closing or not self._jobs or len(self._rows) >= self.max_batch:
+                    return
+                job = self._jobs.popleft()
+            row = _Row(job, lane=min(set(range(self.max_batch)) - {r.lane for r in self._rows}))
+            with self._cv:
+                self._rows.append(row)  # counted as running from here (its prompt forward may take a while)
+            if job.cancelled.is_set():
+                self._finish([row], {id(row): None})
+            elif self.graph is not None and job.params.temperature <= 0:
+                self._guarded(lambda: self._finish([row], {id(row): self._decode_graph(row)}), [row])
+            else:
+                self._guarded(lambda: self._prefill(row), [row])
+
+    def _guarded(self, fn, rows: list | None = None) -> None:
+        """fn(); if it raises, its rows (default: the whole batch) fail, the others go on."""
         try:
             with torch.no_grad():
-                finish = self._decode(job, stats)
+                fn()
         except Exception as e:  # noqa: BLE001 - one failed request must not stop the server
             traceback.print_exc()
-            outcome, event = "failed", ("error", f"generation failed: {type(e).__name__}: {e}")
-        else:
-            if finish is None:
-                outcome, event = "cancelled", None
-            else:
-                outcome = "completed"
-                n = len(job.prompt_ids)
-                event = ("done", finish, {"prompt_tokens": n, "completion_tokens": stats.completion,
-                                          "total_tokens": n + stats.completion})
-        with self._cv:
-            c = self.counts_
-            setattr(c, outcome, getattr(c, outcome) + 1)
-            c.prompt_tokens += len(job.prompt_ids) if stats.positions else 0
-            c.completion_tokens += stats.completion
-            c.forward_positions += stats.positions
-            c.decode_s += time.perf_counter() - t0
-            self.running = None
-        if event is not None and not job.cancelled.is_set():
-            job.emit(*event)
+            failed = list(self._rows) if rows is None else [r for r in rows if r in self._rows]
+            self._finish(failed, {id(r): "error" for r in failed}, f"generation failed: {type(e).__name__}: {e}")
 
-    def _decode(self, job: Job, stats: "_JobCounts") -> str | None:
-        """Decode `job`, emitting text; its finish reason ("stop" or "length"), None if cancelled."""
-        p = job.params
+    def _forward(self, ids: torch.Tensor, lanes: list[int], **kwargs):
+        if self.runtime is not None:
+            self.runtime.use_lanes(lanes)
+        return self.model(input_ids=ids, use_cache=True, **kwargs, **self._keep).logits
+
+    def _prefill(self, row: _Row) -> None:
+        """The job's prompt forward on its own cache; its first token; then it joins the batch's cache."""
+        p = row.job.params
+        row.gen = torch.Generator(device=self.device).manual_seed(p.seed if p.seed is not None else secrets.randbits(63))
+        row.text = TextStream(self.tokenizer, p.stop)
+        cache = self._new_cache()  # as model.generate builds it; the runtime's hooks see an empty cache as a new request
+        ids = torch.tensor([row.job.prompt_ids], device=self.device)
+        logits = self._forward(ids, [row.lane], **{self._cache_kwarg: cache})
+        row.positions += ids.shape[1]
+        finish = self._next(row, logits[0, -1])
+        if finish is not None:
+            self._finish([row], {id(row): finish})
+            return
+        alone = BatchKV.alone(cache, ids.shape[1])
+        self._kv = alone if self._kv is None else self._kv.join(alone)
+
+    def _step(self) -> None:
+        """One decode step over every running row; rows that end leave the batch."""
+        rows, kv = self._rows, self._kv
+        ids = torch.tensor([[r.token] for r in rows], device=self.device)
+        mask = kv.step_mask()
+        logits = self._forward(ids, [r.lane for r in rows], attention_mask=mask, position_ids=kv.positions(),
+                               **{self._cache_kwarg: kv.cache})
+        kv.stepped(mask)
+        ended = {}
+        for i, row in enumerate(rows):
+            row.positions += 1
+            finish = self._next(row, logits[i, -1])
+            if finish is not None:
+                ended[id(row)] = finish
+        if ended:
+            self._finish([r for r in rows if id(r) in ended], ended)
+
+    def _next(self, row: _Row, logits: torch.Tensor) -> str | None:
+        """Choose and emit the row's next token; its finish reason when the job ends here (None: cancelled
+        shows as the reason "cancelled"), else None."""
+        p, job = row.job.params, row.job
+        token = choose_token(logits, temperature=p.temperature, top_p=p.top_p, generator=row.gen)
+        row.completion += 1
+        if token in self.eos:
+            return "stop"
+        delta = row.text.push(token)
+        if delta:
+            job.emit("text", delta)
+        if row.text.finished:
+            return "stop"
+        if row.completion >= p.max_tokens:
+            return "length"
         if job.cancelled.is_set():
-            return None
-        if self.graph is not None and p.temperature <= 0:
-            return self._decode_graph(job, stats)
-        gen = torch.Generator(device=self.device).manual_seed(p.seed if p.seed is not None else secrets.randbits(63))
-        text = TextStream(self.tokenizer, p.stop)
+            return "cancelled"
+        row.token = token
+        return None
+
+    def _finish(self, rows: list[_Row], reasons: dict, error: str | None = None) -> None:
+        """`rows` leave the batch (and its cache) with their reasons ("stop", "length", "cancelled",
+        "error" or None for a job cancelled before it ran); their last events."""
+        gone = {id(r) for r in rows}
+        cached = self._rows[:self._kv.rows] if self._kv is not None else []  # a row being prefilled is not (yet)
+        keep = [i for i, r in enumerate(cached) if id(r) not in gone]
+        if len(keep) < len(cached):
+            self._kv = self._kv.keep_rows(keep)
+        for row in rows:
+            reason, job = reasons[id(row)], row.job
+            outcome = {"error": "failed", "cancelled": "cancelled", None: "cancelled"}.get(reason, "completed")
+            if outcome == "completed" and row.text is not None:
+                self._flush(job, row.text)
+            n = len(job.prompt_ids)
+            with self._cv:
+                c = self.counts_
+                setattr(c, outcome, getattr(c, outcome) + 1)
+                c.prompt_tokens += n if row.positions else 0
+                c.completion_tokens += row.completion
+                c.forward_positions += row.positions
+            if job.cancelled.is_set() and outcome != "failed":
+                continue
+            if outcome == "completed":
+                job.emit("done", reason, {"prompt_tokens": n, "completion_tokens": row.completion,
+                                          "total_tokens": n + row.completion})
+            elif outcome == "failed":
+                job.emit("error", error)
+        with self._cv:
+            self._rows = [r for r in self._rows if id(r) not in gone]
+
+    def _new_cache(self):
         from transformers import DynamicCache
 
-        # As model.generate builds it; the runtime's hooks see an empty cache as a new request.
-        kv = {self._cache_kwarg: DynamicCache(config=self.model.config.get_text_config(decoder=True))}
-        ids = torch.tensor([job.prompt_ids], device=self.device)
-        finish = "length"
-        for i in range(p.max_tokens):
-            logits = self.model(input_ids=ids, use_cache=True, **kv, **self._keep).logits
-            stats.positions += ids.shape[1]
-            token = choose_token(logits[0, -1], temperature=p.temperature, top_p=p.top_p, generator=gen)
-            stats.completion += 1
-            if token in self.eos:
-                finish = "stop"
-                break
-            delta = text.push(token)
-            if delta:
-                job.emit("text", delta)
-            if text.finished:
-                return "stop"
-            if i == p.max_tokens - 1:
-                break
-            if job.cancelled.is_set():
-                return None
-            self._run_calls()
-            ids = torch.tensor([[token]], device=self.device)
-        self._flush(job, text)
-        return finish
+        return DynamicCache(config=self.model.config.get_text_config(decoder=True))
 
-    def _decode_graph(self, job: Job, stats: "_JobCounts") -> str:
+    def _decode_graph(self, row: _Row) -> str:
         """A greedy job through DecodeGraph: the whole completion at once, then its text."""
+        job = row.job
         p, n = job.params, len(job.prompt_ids)
         ids = torch.tensor([job.prompt_ids], device=self.device)
         eos = min(self.eos) if self.eos else None
         steps = self.graph.steps
         out = self.graph.generate(ids, p.max_tokens, eos_token_id=eos)[0, n:].tolist()
-        stats.positions += n + self.graph.steps - steps  # the prompt, then each decode step it ran
+        row.positions += n + self.graph.steps - steps  # the prompt, then each decode step it ran
         text = TextStream(self.tokenizer, p.stop)
         for token in out:  # usage counts what the eager loop would have generated (up to the stop)
-            stats.completion += 1
+            row.completion += 1
             if token in self.eos:
                 break
             text.push(token)
@@ -284,10 +357,42 @@ class Engine:
             job.emit("text", rest)
 
 
-@dataclass
-class _JobCounts:
+@dataclass(eq=False)
+class _Row:
+    """A job in the running batch."""
+
+    job: Job
+    lane: int
+    gen: torch.Generator | None = None
+    text: TextStream | None = None
+    token: int | None = None  # the last token chosen (the next step's input)
     completion: int = 0
-    positions: int = 0
+    positions: int = 0  # positions the model ran for it
+
+
+def _trim_heap() -> None:
+    """The batch drained: hand the freed heap (its KV caches, activations) back to the OS (glibc keeps it
+    otherwise, and an idle server would hold its busiest moment's memory)."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        pass
+
+
+def _single_reason(runtime, graph, cache) -> str | None:
+    """Why the engine must decode one request at a time (None: it may batch)."""
+    if graph is not None:
+        return "DecodeGraph decodes one sequence"
+    if not batchable(cache):
+        return "the model's cache has sliding-window layers, which rows cannot be padded and joined in"
+    if runtime is None:
+        return None
+    c = runtime.controller
+    if c.thread is not None:
+        return "the posted engine (--control thread) decodes one sequence"
+    if c.routing is not None or c.pregate is not None or runtime.twins is not None:
+        return "cache-aware routing, live pre-gating and twins serve one sequence"
+    return None
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

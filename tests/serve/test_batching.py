@@ -1,0 +1,84 @@
+"""Continuous batching in `seqmoe serve`: concurrent streaming clients decode together, each gets
+the text it gets alone, and requests join and leave between steps (cancellation, stops, sampling).
+Throughput and memory are measured by benchmarks/serve_batch.py, not here.
+Run: pytest tests/serve/test_batching.py -q
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.serve.conftest import MODEL, LiveServer, wait_for
+from tests.serve.test_server import PROMPTS, complete, stream_text
+
+
+@pytest.fixture(scope="module")
+def batched():
+    server = LiveServer(max_batch=8, threads=1)
+    yield server
+    server.close()
+
+
+def _concurrently(fn, args: list) -> list:
+    out, threads = [None] * len(args), []
+    for i, a in enumerate(args):
+        threads.append(threading.Thread(target=lambda i=i, a=a: out.__setitem__(i, fn(a))))
+        threads[-1].start()
+    for t in threads:
+        t.join(120)
+    return out
+
+
+def test_eight_streaming_clients_decode_together_and_each_gets_its_text_alone(batched):
+    client = batched.client()
+    wait_for(batched.idle, what="an idle server")
+    lengths = [12, 20, 7, 16, 24, 9, 18, 14]  # rows leave at different steps, others keep decoding
+    alone = [complete(client, p, max_tokens=n, temperature=0) for p, n in zip(PROMPTS, lengths)]
+    seen = []
+    stop = threading.Event()
+
+    def watch():
+        while not stop.is_set():
+            seen.append(batched.stats()["server"]["running"])
+
+    w = threading.Thread(target=watch)
+    w.start()
+    got = _concurrently(lambda a: stream_text(client, a[0], max_tokens=a[1], temperature=0), list(zip(PROMPTS, lengths)))
+    stop.set()
+    w.join()
+    for (text, finish, usage), (chunks, sfinish, susage) in zip(alone, got):
+        assert "".join(chunks) == text and sfinish == finish and susage.completion_tokens == usage.completion_tokens
+    assert max(seen) > 1  # they ran together
+    s = wait_for(batched.idle, what="the batch to drain")["server"]
+    assert s["failed"] == 0 and s["max_batch"] == 8
+
+
+def test_a_request_leaving_mid_batch_and_seeded_sampling_leave_the_others_exact(batched):
+    client = batched.client()
+    want = [complete(client, p, max_tokens=16, temperature=0.8, seed=7) for p in PROMPTS[:3]]
+    greedy = complete(client, PROMPTS[3], max_tokens=16, temperature=0)
+
+    def leaver(_):
+        stream = client.completions.create(model=MODEL, prompt=PROMPTS[4], max_tokens=200, stream=True)
+        for n, _chunk in enumerate(stream):
+            if n == 3:
+                stream.close()  # a disconnect: its row leaves after the current step
+                return None
+        return None
+
+    jobs = [("s", p) for p in PROMPTS[:3]] + [("g", PROMPTS[3]), ("x", None)]
+
+    def run(job):
+        kind, p = job
+        if kind == "x":
+            return leaver(None)
+        if kind == "s":
+            return complete(client, p, max_tokens=16, temperature=0.8, seed=7)
+        return complete(client, p, max_tokens=16, temperature=0)
+
+    got = _concurrently(run, jobs)
+    assert got[:3] == want and got[3] == greedy
+    s = wait_for(batched.idle, what="the batch to drain")["server"]
+    assert s["cancelled"] >= 1 and s["failed"] == 0
