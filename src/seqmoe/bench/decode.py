@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import inspect
 import os
 import tempfile
 import time
@@ -83,6 +84,26 @@ def greedy_decode(model, ids: list[int], new_tokens: int, runtime=None) -> tuple
         wall = time.perf_counter() - t0
         host = (runtime.host_s - host0[0], runtime.gather_s - host0[1]) if runtime is not None else (0.0, 0.0)
     return tokens, wall, host
+
+
+def time_to_first_token(model, length: int, repeats: int = 2, runtime=None) -> float:
+    """Seconds of the prompt forward of a `length`-token prompt (seeded ids: timing only) up to its
+    logits, the fastest of `repeats` (with a runtime, it settles between them: its replay, its copies)."""
+    from transformers import DynamicCache
+
+    vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+    ids = torch.randint(vocab, (1, length), generator=torch.Generator().manual_seed(length))
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    best = float("inf")
+    with torch.no_grad():
+        for _ in range(repeats):
+            cache = DynamicCache(config=model.config)
+            t0 = time.perf_counter()
+            model(ids, use_cache=True, **{cache_kwarg(model): cache}, **keep)
+            best = min(best, time.perf_counter() - t0)
+            if runtime is not None:
+                runtime.synchronize()
+    return best
 
 
 def _timed_passes(model, prompts: list[list[int]], new_tokens: int, repeats: int, runtime=None) -> dict:
@@ -144,7 +165,8 @@ def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
 def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARED_RESIDENCIES, systems=COMPARED_SYSTEMS,
                   new_tokens: int = 32, repeats: int = 2, train: RoutingTrace | None = None, predictor=None,
                   link_ratio: float = 1.0, predictor_minutes: float = 0.5, log=lambda line: None,
-                  config: OffloadConfig | None = None, online: bool = False, cache: str | None = None) -> dict:
+                  config: OffloadConfig | None = None, online: bool = False, cache: str | None = None,
+                  prompt_lengths: tuple[int, ...] = ()) -> dict:
     """Time greedy decode of the full model and of `systems` x `residencies` offloaded (see the module doc).
 
     Args:
@@ -168,6 +190,8 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
             each run); `config.learn=False` pauses that learning.
         cache: with `online`, the `$SEQMOE_CACHE` every run shares instead (a warm start from what the
             runs before learned).
+        prompt_lengths: also time the first token of prompts of these lengths (`time_to_first_token`),
+            full load and each run (`ttft_s`, and `ttft_vs_full` over the full model's).
 
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
@@ -192,6 +216,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
         from seqmoe.arch.quant import quantize_experts
 
         want = _timed_passes(quantize_experts(copy.deepcopy(model), config.expert_dtype), ids, new_tokens, 1)["tokens"]
+    full["ttft_s"] = {n: time_to_first_token(model, n, repeats) for n in prompt_lengths}
     log(f"full load: {full['tokens_per_s']:.1f} tokens/s")
     expert_s = expert_layer_seconds(layers, lambda: greedy_decode(model, ids[0], new_tokens))
     if train is None and not online:
@@ -224,6 +249,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
             try:
                 greedy_decode(model, ids[0], min(new_tokens, 4), rt)  # warm-up (counted in the stats)
                 res = _timed_passes(model, ids, new_tokens, repeats, rt)
+                ttft = {n: time_to_first_token(model, n, repeats, rt) for n in prompt_lengths}
                 rt.synchronize()
                 s = rt.stats()
             finally:
@@ -234,6 +260,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
                    "tokens_per_s": res["tokens_per_s"], "full_tokens_per_s": near["tokens_per_s"],
                    "vs_full": res["tokens_per_s"] / near["tokens_per_s"],
                    "exact": res["tokens"] == want,
+                   "ttft_s": ttft, "ttft_vs_full": {n: t / full["ttft_s"][n] for n, t in ttft.items()},
                    "host_us_per_token": 1e6 * res["host_s"] / res["decode_tokens"],
                    "gather_us_per_token": 1e6 * res["gather_s"] / res["decode_tokens"],
                    **{k: s[k] for k in ("hit_rate", "ready_rate", "late_rate", "miss_rate", "prefetches",
@@ -248,7 +275,7 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
         "link": {"ratio": link_ratio, "expert_layer_s": expert_s, "copy_s": link_ratio * expert_s,
                  "bytes_per_s": hw.h2d_bytes_per_s, "expert_bytes": mp.expert_bytes, "hbm_bytes_per_s": hw.hbm_bytes_per_s,
                  "host_expert_s": host_s},
-        "full": {"tokens_per_s": full["tokens_per_s"], "decode_tokens": full["decode_tokens"]},
+        "full": {"tokens_per_s": full["tokens_per_s"], "decode_tokens": full["decode_tokens"], "ttft_s": full["ttft_s"]},
         "runs": runs,
     }
 
@@ -284,6 +311,10 @@ def format_table(result: dict) -> str:
                      f"{r['vs_full']:>8.2f} {r['hit_rate']:>8.3f} {r['host_us_per_token']:>11.1f} "
                      f"{r['gather_us_per_token']:>13.1f} "
                      f"{'yes' if r['exact'] else 'NO':>5}")
+    for n, t in result["full"].get("ttft_s", {}).items():
+        lines.append(f"time to first token, {n}-token prompt: full load {1e3 * t:.0f} ms; " + ", ".join(
+            f"{r['system']} r={r['residency']:g} {1e3 * r['ttft_s'][n]:.0f} ms ({r['ttft_vs_full'][n]:.2f}x)"
+            for r in result["runs"]))
     link = result["link"]
     lines.append(f"link: one expert copy = {link['ratio']:g} x one layer's expert compute = "
                  f"{1e6 * link['copy_s']:.1f} us ({link['bytes_per_s'] / 1e9:.3g} GB/s for {link['expert_bytes']} B "

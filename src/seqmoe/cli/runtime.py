@@ -71,6 +71,9 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--systems", default=",".join(COMPARED_SYSTEMS),
                    help=f"comma-separated systems (default: {','.join(COMPARED_SYSTEMS)})")
     b.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default: 32)")
+    b.add_argument("--prompt-lengths", type=_lengths, default=(512, 2048), metavar="N,N",
+                   help="also time the first token of prompts this long (seeded ids; timing only, so they may exceed "
+                   "the model's context), full load and offloaded; empty: skip (default: 512,2048)")
     b.add_argument("--repeats", type=int, default=2, help="passes over the prompts per run; the fastest counts (default: 2)")
     b.add_argument("--train", metavar="TRACE", help="routing trace of the model (default: collected over built-in prompts)")
     b.add_argument("--predictor", metavar="DIR", help="forecaster checkpoint for the seqmoe systems (default: one "
@@ -181,7 +184,7 @@ def run_bench(args) -> int:
     result = bench_runtime(model, tok, args.prompt or PROMPTS, residencies=residencies, systems=systems,
                            new_tokens=args.new_tokens, repeats=args.repeats, train=train, predictor=args.predictor,
                            link_ratio=args.link_ratio, predictor_minutes=args.predictor_minutes, log=log,
-                           config=base, online=args.online)
+                           config=base, online=args.online, prompt_lengths=args.prompt_lengths)
     result["model"] = str(load.model)
     print(format_table(result))
     line = json.dumps(result)
@@ -190,3 +193,14 @@ def run_bench(args) -> int:
         with open(args.out, "a") as f:
             f.write(line + "\n")
     return 0
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    """`--prompt-lengths`: comma-separated positive ints (empty: none)."""
+    try:
+        got = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    if any(n < 1 for n in got):
+        raise argparse.ArgumentTypeError(f"a prompt has at least 1 token, got {text!r}")
+    return got

@@ -65,6 +65,7 @@ class OffloadRuntime:
         """The state machine current with every step the model ran (thread mode: waits for the device)."""
         if self.closed:
             return
+        self.controller.settle()  # a prompt's replay running aside
         self.controller.abort()  # this thread's forward that was interrupted in a hook, if any
         thread = self.controller.thread
         if thread is not None:
@@ -158,7 +159,7 @@ class OffloadRuntime:
         error = None
         try:
             self._catch_up()  # interruptible: only waits, changes nothing
-        except RuntimeError as e:  # the control thread failed: still shut everything down, then say so
+        except Exception as e:  # the control thread or a replay failed: still shut everything down, then say so
             error = e
         with deferred_interrupts():
             self._stop()

@@ -100,7 +100,10 @@ class Controller(PostedSteps):
         self._tokens: list[int | None] = []
         self._offsets = [0]
         self._positions = 0  # positions run whole, recorded or not
-        self._forward: tuple[np.ndarray, np.ndarray, list[list[int | None]]] | None = None  # [B, N, L, K] ids, weights, tokens
+        # [B, N, L, K] ids, weights, [B][N] tokens, the rows' lanes
+        self._forward: tuple[np.ndarray, np.ndarray, list[list[int | None]], list[int] | None] | None = None
+        self._replaying: threading.Thread | None = None  # a prompt's positions replaying after its forward
+        self._replay_error: BaseException | None = None
         self._next_layer = 0
         self._shape = (0, top_k)
         self._new_request = True
@@ -167,7 +170,8 @@ class Controller(PostedSteps):
         if new_request and self.record and len(rows) == 1 and self._offsets[-1] < len(self._tokens):
             self._offsets.append(len(self._tokens))
         b, n = len(rows), len(rows[0])
-        self._forward = (np.zeros((b, n, self.L, self.K), np.int16), np.zeros((b, n, self.L, self.K), np.float32), rows)
+        self._forward = (np.zeros((b, n, self.L, self.K), np.int16), np.zeros((b, n, self.L, self.K), np.float32), rows,
+                         self.lanes)
         self._new_request = new_request
         self._next_layer = 0
         self._shape = (b * n, self.K)
@@ -176,7 +180,7 @@ class Controller(PostedSteps):
         """Layer `layer`'s router chose `ids` [B * N, K] with `weights` for the forward's B rows of N positions."""
         if self._forward is None:
             raise RuntimeError("a router ran outside a model forward; call the model, not its layers")
-        buf_ids, buf_w, tokens = self._forward
+        buf_ids, buf_w, tokens, lanes = self._forward
         if layer != self._next_layer or ids.shape != self._shape:
             raise RuntimeError(f"MoE layer {layer} routed {ids.shape} out of order (expected layer "
                                f"{self._next_layer}, shape {self._shape})")
@@ -189,7 +193,7 @@ class Controller(PostedSteps):
             self._twins.clear()
             if n == 1:  # a decode step: driven as it routes
                 if layer == 0:
-                    self._step_start([row[0] for row in tokens])
+                    self._step_start([row[0] for row in tokens], lanes)
                 if b == 1:
                     self.driver.reveal(layer, buf_ids[0, 0, layer], weights=buf_w[0, 0, layer])
                 else:
@@ -203,21 +207,24 @@ class Controller(PostedSteps):
 
     def end_forward(self) -> None:
         """The forward ended: replay a multi-position forward; record the positions. A forward that
-        stopped early (an exception) keeps nothing, and its partial token is dropped. A replay cut
-        short (Ctrl-C between positions) records the positions the state machine saw whole."""
+        stopped early (an exception) keeps nothing, and its partial token is dropped."""
         if self._forward is None:
             return
-        ids, weights, tokens = self._forward
-        self._forward = None
+        fwd, self._forward = self._forward, None
         if self._next_layer != self.L:
             self._drop_partial_token()
             return
+        self._replay(*fwd, new_request=self._new_request)
+
+    def _replay(self, ids, weights, tokens, lanes, *, new_request: bool) -> None:
+        """Feed the forward's positions not yet driven to the state machine, position-major, and record
+        them. A replay cut short (Ctrl-C between positions) records the positions the state machine saw whole."""
         b, n = ids.shape[:2]
         done = 1 if n == 1 else 0  # one position was driven as it routed
         try:
             while done < n:
                 with critical():  # one position at a time: a long prompt's replay stays interruptible
-                    self._step_start([row[done] for row in tokens], new_request=self._new_request and done == 0)
+                    self._step_start([row[done] for row in tokens], lanes, new_request=new_request and done == 0)
                     for l in range(self.L):
                         if b == 1:
                             self.driver.reveal(l, ids[0, done, l], weights=weights[0, done, l])
@@ -252,12 +259,42 @@ class Controller(PostedSteps):
                 self.begin_forward(tokens, new_request)
 
     def end_inline(self) -> None:
-        """The post-hook of an inline forward: its device work is queued, then its positions replay."""
+        """The post-hook of an inline forward: its device work is queued, then its positions replay; a
+        prompt's replay runs on a thread of its own, so the first token does not wait for it (the
+        next forward, `stats()` and `close()` do: `settle`)."""
         with critical():
             self._end_ledger()
         with self.lock:
-            self.end_forward()
+            fwd = self._forward
+            if fwd is not None and fwd[0].shape[1] > 1 and self._next_layer == self.L:
+                self._forward = None
+                replay = threading.Thread(target=self._replay_aside, args=fwd, kwargs={"new_request": self._new_request},
+                                          name="seqmoe-replay", daemon=True)
+                replay.start()  # then published: `settle` on another thread (stats) joins a started thread
+                self._replaying = replay
+            else:
+                self.end_forward()
         self._open = None
+
+    def _replay_aside(self, *fwd, new_request: bool) -> None:
+        with self.lock:
+            try:
+                self._replay(*fwd, new_request=new_request)
+            except BaseException as e:  # noqa: BLE001 - raised on the model thread by `settle`
+                self._drop_partial_token()
+                self._replay_error = e
+
+    def settle(self) -> None:
+        """Wait for a prompt's replay running aside (Ctrl-C gets through the wait); an error it met is
+        raised here, once, on the caller's thread."""
+        t = self._replaying
+        if t is None:
+            return
+        t.join()
+        self._replaying = None
+        err, self._replay_error = self._replay_error, None
+        if err is not None:
+            raise err
 
     def end_open(self) -> None:
         """Post-hook: close this thread's open forward (DecodeGraph closes its own steps; an aborted
@@ -310,11 +347,11 @@ class Controller(PostedSteps):
             self._weights.append(weights[0])
             self._tokens += tokens[0]
 
-    def _step_start(self, tokens: list[int | None], new_request: bool | None = None) -> None:
-        """A decode step starts over one token per row (batch 1: a token of the one sequence)."""
+    def _step_start(self, tokens: list[int | None], lanes: list[int] | None = None,
+                    new_request: bool | None = None) -> None:
+        """A decode step starts over one token per row (batch 1: a token of the one sequence), the rows on `lanes`."""
         self._mid_token = True  # set first: an interrupt inside token_start still drops the token
         new = self._new_request if new_request is None else new_request
-        lanes = self.lanes
         if lanes is not None and len(lanes) != len(tokens):
             raise UserError(f"a forward of {len(tokens)} rows ran with {len(lanes)} lanes set (runtime.use_lanes)")
         if len(tokens) == 1 and lanes in (None, [0]):

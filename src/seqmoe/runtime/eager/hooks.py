@@ -86,6 +86,7 @@ def _check_batch(controller: Controller, batch: int) -> None:
 def _pre_hook(controller: Controller):
     def hook(module, args, kwargs):
         t0 = time.perf_counter()
+        controller.settle()  # the previous prompt's replay: what follows reads the state machine
         ids, tokens, batch = _inputs(args, kwargs)
         _check_batch(controller, batch)
         if controller.graph_step:  # DecodeGraph opened the step: nothing here may read a device value

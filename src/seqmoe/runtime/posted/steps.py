@@ -84,7 +84,7 @@ class PostedSteps:
         experts it sends to the host CPU go to the relay."""
         if layer == 0:
             self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
-            self._step_start([token], new_request=False)
+            self._step_start([token], None, new_request=False)
         step_ids, step_w, tok = self._step
         step_ids[0, layer], step_w[0, layer] = ids, weights
         self._on_host.clear()
