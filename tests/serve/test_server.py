@@ -154,14 +154,12 @@ def _requests():
 
 
 def _burst(cli_server, client, reqs, idle):
-    """The requests from concurrent streaming clients, entering the queue one at a time (so the arrival order is
-    known); their results and the order of their first chunks."""
+    """The requests from concurrent streaming clients, entering the queue one at a time; their results and the
+    order of their first chunks."""
     results, start_order, errors = [None] * len(reqs), [], []
 
     def run(i):
         try:
-            # The order of first chunks: request i+1's comes a whole request after request i's. (The order
-            # in which client threads finish reading races when a request is short.)
             results[i] = stream_text(client, reqs[i][0], on_first=lambda: start_order.append(i), **reqs[i][1])
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
@@ -179,7 +177,8 @@ def _burst(cli_server, client, reqs, idle):
 
 
 def test_ten_concurrent_streaming_clients(cli_server):
-    """All answered in arrival order, each equal to the same request alone; memory back to idle; every token counted."""
+    """All answered (decoded together, up to --max-batch), each equal to the same request alone; memory back
+    to idle; every token counted."""
     client = cli_server.client()
     reqs = _requests()
     alone = [stream_text(client, p, **kw) for p, kw in reqs]
@@ -189,7 +188,7 @@ def test_ten_concurrent_streaming_clients(cli_server):
     for _ in range(5):
         idle = wait_for(cli_server.idle, what="an idle server")
         results, start_order = _burst(cli_server, client, reqs, idle)
-        assert start_order == list(range(len(reqs)))
+        assert sorted(start_order) == list(range(len(reqs)))  # a batch streams its rows' first chunks in any order
         assert [("".join(c), f, u) for c, f, u in results] == [("".join(c), f, u) for c, f, u in alone]
         end = wait_for(cli_server.idle, what="an idle server")
         s0, s1 = idle["server"], end["server"]
