@@ -3,7 +3,8 @@ of each system at B = 1, 2, 4, 8, 16 sequences decoded in lockstep (docs/DESIGN.
 decode"), on DeepSeek-V2-Lite's unseen prompts (../shared) or, without them, seqmoe-tiny's shipped
 held-out routing.
 
-    python benchmarks/batch_sim.py [--residency 0.45] [--miss auto] [--batches 1,2,4,8,16] [--max-tokens 2000]
+    python benchmarks/batch_sim.py [--residency 0.45] [--miss auto] [--batches 1,2,4,8,16] [--max-tokens 0]
+    python benchmarks/batch_sim.py --batches 1,4,8,16 --admissions fifo,overlap --systems on-demand-lru,seqmoe
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ def main() -> int:
     p.add_argument("--batches", default="1,2,4,8,16", help="comma-separated batch sizes")
     p.add_argument("--systems", default="on-demand-lru,moe-infinity-style,seqmoe,belady")
     p.add_argument("--hardware", default=DEFAULT_HARDWARE)
-    p.add_argument("--max-tokens", type=int, default=2000, help="replay the first N test tokens (0: all)")
+    p.add_argument("--max-tokens", type=int, default=0, help="replay the first N test tokens (0: all)")
+    p.add_argument("--admissions", default="fifo", help="comma-separated admission rules (fifo, overlap)")
     p.add_argument("--predictor", default=None, help="trained forecaster folder; default: train once, cached")
     p.add_argument("--tiny", action="store_true", help="seqmoe-tiny's shipped routing even when ../shared is there")
     p.add_argument("--out", default="results/batch-sim.jsonl")
@@ -50,34 +52,39 @@ def main() -> int:
                      miss=args.miss, predictor=args.predictor, max_tokens=args.max_tokens or None)
     w = load_workload(base, train=train, test=test.head(args.max_tokens) if args.max_tokens else test)
     systems, batches = args.systems.split(","), [int(b) for b in args.batches.split(",")]
+    admissions = args.admissions.split(",")
     rows = []
     for b in batches:
-        for s in systems:
-            t0 = time.perf_counter()
-            cfg = SimConfig(**{**base.to_dict(), "system": s, "batch": b})
-            rows.append(run_one(w, cfg, progress=True))
-            rows[-1]["full_load_tokens_per_s"] = rows[-1]["num_tokens"] / rows[-1]["full_load_time_s"]
-            print(f"B={b} {s}: {rows[-1]['tokens_per_s']:.0f} tokens/s ({time.perf_counter() - t0:.1f} s)", file=sys.stderr)
+        for a in admissions if b > 1 else admissions[:1]:
+            for s in systems:
+                t0 = time.perf_counter()
+                cfg = SimConfig(**{**base.to_dict(), "system": s, "batch": b, "admission": a})
+                rows.append(run_one(w, cfg, progress=True))
+                rows[-1]["full_load_tokens_per_s"] = rows[-1]["num_tokens"] / rows[-1]["full_load_time_s"]
+                print(f"B={b} {a} {s}: {rows[-1]['tokens_per_s']:.0f} tokens/s ({time.perf_counter() - t0:.1f} s)",
+                      file=sys.stderr)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     write_jsonl(rows, Path(args.out))
     print(f"{name}, r = {args.residency:g}, miss {args.miss}, {args.hardware}, {rows[0]['num_tokens']} tokens")
-    print(table(rows, systems, batches))
+    print(table(rows, systems, batches, admissions))
     print(json.dumps({"results": args.out}))
     return 0
 
 
-def table(rows: list[dict], systems: list[str], batches: list[int]) -> str:
-    """Markdown: a row per system and batch size, the metrics of `COLUMNS`, and tokens/s over B = 1's."""
-    cell = {(r["system"], r["batch"]): r for r in rows}
-    lines = ["| system | B | " + " | ".join(c[1] for c in COLUMNS) + " | x B=1 |", "|---" * (len(COLUMNS) + 3) + "|"]
+def table(rows: list[dict], systems: list[str], batches: list[int], admissions: list[str]) -> str:
+    """Markdown: a row per system, batch size and admission rule, the metrics of `COLUMNS`, and tokens/s
+    over B = 1's."""
+    cell = {(r["system"], r["batch"], r["admission"] if r["batch"] > 1 else "-"): r for r in rows}
+    lines = ["| system | B | admission | " + " | ".join(c[1] for c in COLUMNS) + " | x B=1 |",
+             "|---" * (len(COLUMNS) + 4) + "|"]
     for s in systems:
-        for b in batches:
-            r = cell[s, b]
-            one = cell.get((s, 1))
+        for b, a in [(b, a) for b in batches for a in (admissions if b > 1 else ["-"])]:
+            r = cell[s, b, a]
+            one = cell.get((s, 1, "-"))
             gain = f"{r['tokens_per_s'] / one['tokens_per_s']:.2f}" if one else "-"
             vals = ["-" if r.get(k) is None else fmt.format(r[k] * (1e3 if k == "time_per_step_s" else 1))
                     for k, _, fmt in COLUMNS]
-            lines.append(f"| `{s}` | {b} | " + " | ".join(vals) + f" | {gain} |")
+            lines.append(f"| `{s}` | {b} | {a} | " + " | ".join(vals) + f" | {gain} |")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from seqmoe.manager.systems import live_systems, system_spec
 from seqmoe.model_dirs import DTYPES, resolve_model_dir
 from seqmoe.precision import check_precision, parse_bytes
 from seqmoe.predict.drafters import check_draft
+from seqmoe.sim.lockstep import ADMISSIONS
 from seqmoe.profiles import HardwareProfile, get_hardware_profile
 from seqmoe.rerouting import ROUTINGS, check_routing
 
@@ -112,6 +113,10 @@ class SimConfig:
     batch: int = 1
     """Sequences decoded together: B requests of the trace in lockstep, a finished one replaced by the
     next (docs/DESIGN.md, "Batched decode"); rows then report time per step and tokens/s over all rows."""
+    admission: str = "fifo"
+    """With --batch: who takes a free lane: fifo (file order) or overlap (the waiting request whose
+    routing shares most experts with the running batch's, the head of the queue passed over at most 4
+    times; `seqmoe.sim.lockstep`)."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
 
@@ -119,6 +124,8 @@ class SimConfig:
         check_residency(self.residency)
         check_draft(self.draft)
         check_batch(self.batch)
+        if self.admission not in ADMISSIONS:
+            raise UserError(f"--admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
         if self.batch > 1:
             if self.routing != "exact" or self.twin is not None or self.window_tokens is not None:
                 raise UserError("--batch above 1 replays exact routing without twins or windows: drop --routing, "

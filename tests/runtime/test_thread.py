@@ -21,10 +21,9 @@ from seqmoe.runtime.posted.mailbox import Mailbox
 from seqmoe.runtime.core.mapped import gather_rows
 from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.core.pool import ExpertPool
+from tests.collect.tiny_models import ARCHS
 from tests.runtime.conftest import PROMPT, TEST_HW, fresh, greedy, reference, run_interpreted
 
-STATIC_CACHE_ARCHS = ["olmoe", "mixtral", "qwen3_moe", "gpt_oss", "qwen2_moe"]
-"""Architectures whose tiny config transformers' StaticCache serves (not deepseek_v3's, see graph.py)."""
 HOST_READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"]
 
 
@@ -109,7 +108,7 @@ def test_a_released_slot_is_refilled_once_every_earlier_forward_completed():
     assert pool.fill(0, *pool.assign(0))
 
 
-@pytest.mark.parametrize("arch", STATIC_CACHE_ARCHS)
+@pytest.mark.parametrize("arch", ARCHS)
 def test_decode_graph_eager_generates_like_the_full_model(arch):
     ref = reference(arch)
     model = fresh(arch)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -101,3 +102,30 @@ def test_run_one_reports_steps_and_refuses_what_it_cannot_replay(tmp_path):
         SimConfig(trace="t", batch=0)
     with pytest.raises(UserError, match="exact routing"):
         SimConfig(trace="t", batch=2, window_tokens=10)
+
+
+@pytest.mark.parametrize("max_skips", [0, 2, 4])
+def test_overlap_admission_runs_every_token_once_and_passes_the_head_over_at_most_max_skips_times(max_skips):
+    trace = make_trace(num_tokens=400, num_requests=30, seed=9, **SHAPE)
+    plan = lockstep(trace, 4, "overlap", max_skips)
+    assert sorted(plan.rows[plan.rows >= 0].tolist()) == list(range(trace.num_tokens))
+    starts = trace.request_offsets[:-1].tolist()
+    order = [starts.index(int(plan.rows[s, b])) for s, b in zip(*np.nonzero(plan.new))]  # requests, as admitted
+    waiting, run = list(range(len(starts))), 0
+    for r in order:
+        run = 0 if r == waiting[0] else run + 1  # consecutive admissions that passed the head over
+        assert run <= max_skips
+        waiting.remove(r)
+    assert (order != sorted(order)) == (max_skips > 0)  # the rule reorders, unless the bound forbids it
+
+
+def test_sim_batch_flags_reach_the_result_row(tmp_path):
+    from seqmoe.cli import main
+
+    out = tmp_path / "rows.jsonl"
+    D = Path(__file__).resolve().parents[2] / "src/seqmoe/data"
+    code = main(["sweep", "--trace", f"{D}/seqmoe-tiny-test.safetensors", "--train", f"{D}/seqmoe-tiny-train.safetensors",
+                 "--model-profile", "seqmoe-tiny", "--systems", "on-demand-lru", "--residencies", "0.45",
+                 "--max-tokens", "300", "--batch", "4", "--admission", "overlap", "--out", str(out)])
+    row = json.loads(out.read_text().splitlines()[0])
+    assert code == 0 and row["batch"] == 4 and row["admission"] == "overlap" and row["num_tokens"] == 300

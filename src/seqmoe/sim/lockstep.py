@@ -55,14 +55,33 @@ class Lockstep:
         return out
 
 
-def lockstep(trace: RoutingTrace, batch: int) -> Lockstep:
-    """The lockstep schedule of `trace` at `batch` lanes: lanes take requests in file order as they
-    free (lowest lane first); a request's tokens run one per step; a lane whose request ended takes
-    the next one at the next step."""
+ADMISSIONS = ("fifo", "overlap")
+"""Who takes a free lane: the next request in file order, or the one whose routing overlaps most
+with the running batch's (`lockstep`)."""
+CANDIDATES = 16
+"""Requests at the head of the queue the overlap rule chooses among."""
+
+
+def lockstep(trace: RoutingTrace, batch: int, admission: str = "fifo", max_skips: int = 4) -> Lockstep:
+    """The lockstep schedule of `trace` at `batch` lanes: lanes take requests as they free (lowest
+    lane first); a request's tokens run one per step; a lane whose request ended takes the next one
+    at the next step.
+
+    `admission` "fifo": requests in file order. "overlap" (ExpertFlow's cache-aware routing read for
+    batches): among the first `CANDIDATES` waiting, the one whose first token's experts overlap most,
+    summed over layers, with those of the running lanes' latest step (in the runtime, a request's
+    routing is known once its prompt has run; the first token stands in for it here, as traces hold
+    no prompts); ties and an empty batch go FIFO, and the head of the queue is passed over at most
+    `max_skips` times (the fairness bound). The schedule reads the trace only, so every system
+    replays the same one."""
     if batch < 1:
         raise ValueError(f"batch must be at least 1, got {batch}")
+    if admission not in ADMISSIONS:
+        raise ValueError(f"admission must be one of {ADMISSIONS}, got {admission!r}")
     off = trace.request_offsets
-    queue = list(range(len(off) - 1))[::-1]  # requests left, next at the end
+    queue = list(range(len(off) - 1))  # requests waiting, file order
+    skips = 0  # times the head of the queue was passed over
+    first_sets = trace.expert_ids[off[:-1]] if admission == "overlap" else None  # [R, L, K]
     cur = [-1] * batch  # the token each lane decodes next, -1: none
     end = [0] * batch
     rows, new = [], []
@@ -70,7 +89,12 @@ def lockstep(trace: RoutingTrace, batch: int) -> Lockstep:
         row, first = [-1] * batch, [False] * batch
         for b in range(batch):
             if cur[b] < 0 and queue:
-                r = queue.pop()
+                live = [t for t in rows[-1] if t >= 0] if rows else []
+                pick = _overlap_pick(trace, queue, first_sets, live) if first_sets is not None and live else 0
+                if pick > 0 and skips >= max_skips:
+                    pick = 0
+                skips = 0 if pick == 0 else skips + 1
+                r = queue.pop(pick)
                 cur[b], end[b] = int(off[r]), int(off[r + 1])
                 first[b] = True
             if cur[b] >= 0:
@@ -83,3 +107,15 @@ def lockstep(trace: RoutingTrace, batch: int) -> Lockstep:
         rows.append(row)
         new.append(first)
     return Lockstep(np.asarray(rows, dtype=np.int64).reshape(-1, batch), np.asarray(new, dtype=bool).reshape(-1, batch))
+
+
+def _overlap_pick(trace: RoutingTrace, queue: list[int], first_sets: np.ndarray, live: list[int]) -> int:
+    """Index in `queue` (among its first `CANDIDATES`) of the request whose first token's experts share
+    the most (layer, expert) pairs with the tokens `live` of the running lanes; the first on ties."""
+    E = trace.num_experts
+    running = np.zeros((trace.num_layers, E), dtype=bool)
+    for t in live:
+        np.put_along_axis(running, trace.expert_ids[t].astype(np.int64), True, axis=1)
+    cands = np.asarray(queue[:CANDIDATES])
+    hits = np.take_along_axis(running[None].repeat(len(cands), 0), first_sets[cands].astype(np.int64), axis=2)
+    return int(np.argmax(hits.sum(axis=(1, 2))))

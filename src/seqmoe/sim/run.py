@@ -47,7 +47,7 @@ class Workload:
     future: FutureUses
     predictors: dict = dataclasses.field(default_factory=dict)  # forecasters loaded so far, by checkpoint path
     belady_misses: dict = dataclasses.field(default_factory=dict)  # N_opt by (capacity, batch), computed once
-    plans: dict = dataclasses.field(default_factory=dict)  # batch -> (Lockstep, [S, L, W] uids visited, FutureUses)
+    plans: dict = dataclasses.field(default_factory=dict)  # (batch, admission) -> (Lockstep, [S, L, W] uids visited, FutureUses)
 
 
 def load_workload(cfg: SimConfig, *, train: RoutingTrace | None = None, test: RoutingTrace | None = None) -> Workload:
@@ -90,11 +90,11 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
         residency = capacity / (L * E)
     start = [] if cfg.online else start_placement(w.train, capacity)
     n_opt, twin = None, check_twin(cfg.twin, cfg.twin_budget)
-    plan, visits, future = _plan(w, cfg.batch)
+    plan, visits, future = _plan(w, cfg.batch, cfg.admission)
     # Belady's count is of the recorded routing with full-size copies: no bound for a replay that
     # changes the routing or reads smaller twins.
     if cfg.routing == "exact" and twin is None:
-        key = (capacity, cfg.batch)
+        key = (capacity, cfg.batch, cfg.admission if cfg.batch > 1 else "fifo")
         if key not in w.belady_misses:
             w.belady_misses[key] = belady_misses(w.test_uids if visits is None else visits, capacity, start, future)
         n_opt = w.belady_misses[key]
@@ -115,7 +115,7 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
            "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
            "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget, "online": cfg.online,
-           "draft": cfg.draft, "batch": cfg.batch}
+           "draft": cfg.draft, "batch": cfg.batch, "admission": cfg.admission}
     if isinstance(predictor, OnlineForecaster):
         row["forecaster"] = predictor.stats()
     row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))
@@ -128,16 +128,16 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     return row
 
 
-def _plan(w: Workload, batch: int):
+def _plan(w: Workload, batch: int, admission: str):
     """(lockstep plan, [S, L, W] uids it visits, their FutureUses) of a batched replay, made once per
-    batch; (None, None, w.future) at batch 1."""
+    batch and admission rule; (None, None, w.future) at batch 1."""
     if batch == 1:
         return None, None, w.future
-    if batch not in w.plans:
-        plan = lockstep(w.test, batch)
+    if (batch, admission) not in w.plans:
+        plan = lockstep(w.test, batch, admission)
         visits = plan.uids(w.test)
-        w.plans[batch] = (plan, visits, FutureUses(visits, w.test.num_layers * w.test.num_experts))
-    return w.plans[batch]
+        w.plans[batch, admission] = (plan, visits, FutureUses(visits, w.test.num_layers * w.test.num_experts))
+    return w.plans[batch, admission]
 
 
 def run_sweep(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, workload: Workload | None = None,

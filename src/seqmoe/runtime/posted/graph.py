@@ -14,8 +14,6 @@ learns each step's routing from the mailbox and drives the copies, off the criti
 each replay the host only waits while the control thread is half a mailbox ring behind.
 
 On the CPU (or with `capture=False`) the same step runs eagerly: the same code and ordering, no graph.
-Architectures whose attention transformers' `StaticCache` does not serve (the tiny DeepSeek-V3
-config of the tests, transformers 5.24) fail in transformers itself.
 The captured step, stage by stage: docs/decode.md, "On CUDA: posted and captured".
 """
 
