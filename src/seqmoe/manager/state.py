@@ -54,6 +54,19 @@ class MemoryManager(ManagerBase):
         """The driver's share of the stall: the layer waited `seconds` for the host CPU's outputs."""
         self.c.stall_s += seconds
 
+    def _read_in_place(self, uid: int, activations: int, step: int, reveal: float, waiting: list) -> None:
+        """Serve the miss of `uid` (its `activations` rows) by an in-place read queued at `reveal`;
+        the layer waits for it."""
+        key = in_place_key(uid)
+        self.engine.demand(key, reveal)
+        waiting.append(key)
+        self.c.in_place += activations
+        if self.observer is not None:
+            self.observer.on_off_pool(uid, "in-place")
+        note_use = getattr(self.system.policy, "note_use", None)
+        if note_use is not None:
+            note_use(uid, step)
+
     def _on_host(self, uid: int, now: float, activations: int = 1) -> None:
         """Serve `uid` on the host CPU from `now` (one pass over it for its `activations` rows)."""
         self.host_end = self.lane.run(now)
@@ -265,28 +278,16 @@ class MemoryManager(ManagerBase):
                     continue  # the policy hears of the use when the copy lands (`insert` now, `access` then)
                 if path == "cpu":
                     self._on_host(uid, reveal, m)
+                    if note_use is not None:
+                        note_use(uid, step)
                 else:
-                    key = in_place_key(uid)
-                    engine.demand(key, reveal)
-                    waiting.append(key)
-                    c.in_place += m
-                    if self.observer is not None:
-                        self.observer.on_off_pool(uid, "in-place")
-                if note_use is not None:
-                    note_use(uid, step)
+                    self._read_in_place(uid, m, step, reveal, waiting)
                 continue
             if not (self._make_room(uid, victim) or self._reclaim_prefetch(needed)
                     or self._await_running(uid, needed, added)):
                 # Every slot holds this layer's experts (a batch's layer may route more than C) or a
                 # copy in flight: the row is read in place.
-                key = in_place_key(uid)
-                engine.demand(key, reveal)
-                waiting.append(key)
-                c.in_place += m
-                if self.observer is not None:
-                    self.observer.on_off_pool(uid, "in-place")
-                if note_use is not None:
-                    note_use(uid, step)
+                self._read_in_place(uid, m, step, reveal, waiting)
                 continue
             self._load(uid, step)
             engine.demand(uid, reveal)

@@ -97,6 +97,3 @@ OFF_POOL = ("in-place", "cpu", "twin")
 MISS_COPY, MISS_IN_PLACE, MISS_CPU, MISS_AUTO = (MISS_PATHS.index(p) for p in ("copy", "in-place", "cpu", "auto"))
 PATH_CPU_COPY = len(MISS_PATHS)  # on the host now, and copied into a slot behind (`seqmoe.manager.miss_paths.auto_path`)
 PATH_TWIN = len(MISS_PATHS) + 1  # its low-bit twin read (`seqmoe.manager.miss_paths.Twin`)
-
-# -- errors returned by the kernels -----------------------------------------------------------------
-OK, ERR_NO_SLOT = 0, 1

@@ -8,13 +8,12 @@ import numpy as np
 
 from seqmoe.cache.forecast import ForecastPolicy, discount_table
 from seqmoe.cache.lru import LRUPolicy
-from seqmoe.errors import UserError
 from seqmoe.manager.compiled import engine, ops, recency, step
 from seqmoe.manager.compiled.layout import (
     CANCELLED, CAP, COPY_S, COSTS_N, DONE_AT, FAR, EV_DEMAND, EV_EVICT, EV_OFF_POOL, EV_PREFETCH, EV_PROMOTE, E_, FLOOR,
     F_FIRST, GEOM, HOST, HOST_END, HOST_S, HOST_SERVED, IN_PLACE, JOBS_KEY_STEP, K_, LATE, LAYER, LAYER_S, LEAD, L_,
     MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB, MISS, MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES,
-    NUM_GAP_CLASSES, NUM_PRESENT, OK, PACE, PACE_WEIGHT, PENDING, PF_QUEUED, POLICY, POLICY_FORECAST,
+    NUM_GAP_CLASSES, NUM_PRESENT, PACE, PACE_WEIGHT, PENDING, PF_QUEUED, POLICY, POLICY_FORECAST,
     POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE, PREFETCH_NONE, PRESENT, QSEQ,
     OFF_POOL, PREV_GAP, PRIOR_END, NDIRTY, READS, READY, RECENT, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, TWINS,
     TWIN_LEFT, TWIN_READS, TWIN_S, TWIN_W, UCLASS, UROW, VERSION, WASTED,
@@ -208,14 +207,12 @@ class CompiledManager(ManagerBase):
             w = np.asarray(weights, dtype=np.float64)
         if self._plans:
             fc = pred.predict(step_)
-            status, start, ok = step.layer(*self._plan_args, needed, mult, w, step_, reveal, self.buf,
+            start, ok = step.layer(*self._plan_args, needed, mult, w, step_, reveal, self.buf,
                                            *self._forecast_args(fc))
         else:
-            status, start = step.serve(*self._serve_args, needed, mult, w, step_, reveal, self.buf, True)
+            start = step.serve(*self._serve_args, needed, mult, w, step_, reveal, self.buf, True)
         if self.S[NEV]:
             self._deliver()
-        if status != OK:
-            raise UserError(f"no slot can be freed at position {step_}: {self.capacity} slots are all copying")
         self._check_fit(ok, fc)
         self.decision_s += time.perf_counter() - t0
         return start

@@ -14,7 +14,7 @@ from seqmoe.manager.compiled import deadline, engine, forecast, ops
 from seqmoe.manager.compiled import miss_paths
 from seqmoe.manager.compiled.layout import (
     ADDED, CAP, DONE_AT, EV_PROMOTE, FINISH, HOST, IN_PLACE, LATE, LAYER_S, L_, MISS, MISSES, MISS_COPY, NOW, NUM_PRESENT,
-    MISS_CPU, MISS_IN_PLACE, OK, PACE, PACE_WEIGHT, PATH_CPU_COPY, PATH_TWIN, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
+    MISS_CPU, MISS_IN_PLACE, PACE, PACE_WEIGHT, PATH_CPU_COPY, PATH_TWIN, PENDING, PINNED, POL_STEP, PREFETCHER, PREFETCH_DEADLINE, PRESENT, READS_END,
     READY, STALL, STEP, UNUSED_PF,
 )
 from seqmoe.manager.compiled.forecast import demand_victims
@@ -61,7 +61,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, mult, weights, st
     `reveal`, `mult[i]` activations of `needed[i]` (the rows routed to it), with gate `weights`
     ([K] float64, read by the twin path; empty without one): count hits and misses per activation,
     queue one demand copy or read per expert, and `finish_layer` when `finish` (no decisions come
-    in between). Returns (status, the time its experts can start)."""
+    in between). Returns the time its experts can start."""
     S[STEP] = step
     G[NOW] = reveal
     ops.finish_copies(I, F, S, G, DQ, PH, RQI, RQF, reveal, buf)
@@ -153,7 +153,7 @@ def serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, mult, weights, st
                 start = t
     if finish:
         finish_layer(I, G, needed, reveal, start)
-    return OK, start
+    return start
 
 
 @jit
@@ -200,11 +200,9 @@ def end_layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, step,
 def layer(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, needed, mult, weights, step, reveal, buf,
           new_forecast, steps, probs, floor):
     """`serve`, `decide` and `finish_layer` of a reveal in one call (the first call after the model's
-    forward costs ~20 us of cold caches in the runtime, the next ones ~1). Returns (status, the time
+    forward costs ~20 us of cold caches in the runtime, the next ones ~1). Returns (the time
     the layer's experts can start, whether the forecast fit)."""
-    status, start = serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, mult, weights, step, reveal, buf, False)
-    if status != OK:
-        return status, start, True
+    start = serve(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, needed, mult, weights, step, reveal, buf, False)
     ok = decide(I, F, S, G, DQ, PH, RQI, RQF, EV, TAB, DISC, JI, JF, WF, MI, new_forecast, steps, probs, floor)
     finish_layer(I, G, needed, reveal, start)
-    return status, start, ok
+    return start, ok
