@@ -87,3 +87,17 @@ def test_far_is_the_largest_over_the_rows(first):
     lanes.set_rows([0, 1])
     lanes.begin_token(0, [None, None])
     np.testing.assert_array_equal(lanes.far, np.maximum([0.3, 0.3], lanes.lane(1).far))
+
+
+def test_moe_infinity_style_eviction_reads_the_batchs_request_matrices():
+    from seqmoe.predict.baselines.eam import EAMPolicy, EAMPredictor
+    from tests.conftest import make_trace
+
+    pred = EAMPredictor(make_trace(num_tokens=60, num_layers=2, num_experts=4, top_k=1))
+    lanes = LanePredictors(pred)
+    lanes.set_rows([0, 1])
+    lanes.observe(0, np.array([[0], [3]]))  # layer 0: lane 0 used expert 0, lane 1 expert 3
+    np.testing.assert_array_equal(pred.batch_counts()[:4], [1, 0, 0, 1])
+    policy = EAMPolicy(pred)
+    policy.reset([0, 1, 3])
+    assert policy.victim(2, pinned=()) == 1  # neither request used expert 1; lane 1's expert 3 is kept

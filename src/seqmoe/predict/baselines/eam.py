@@ -12,6 +12,7 @@ fixed-size EAMC) and similarity is updated incrementally per layer.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Container, Sequence
 
 import numpy as np
@@ -40,7 +41,20 @@ class EAMPredictor:
         self._norms = np.linalg.norm(self.collection, axis=1) + 1e-9
         self.prior = self.collection.mean(axis=0)  # [L*E] used before any match is possible
         self.horizon = horizon or self.L
+        self._lanes = [self]  # itself and its forks: the requests of a batch (`seqmoe.predict.lanes`)
         self.begin_request()
+
+    def fork(self) -> EAMPredictor:
+        """A batch lane: the same collection, its own request's EAM."""
+        lane = copy.copy(self)
+        self._lanes.append(lane)
+        lane.begin_request()
+        return lane
+
+    def batch_counts(self) -> np.ndarray:
+        """[L * E] the EAMs of the batch's requests summed (MoE-Infinity keeps one matrix per request and
+        prefers what the running requests use): this request's alone at batch 1."""
+        return self.counts if len(self._lanes) == 1 else np.sum([p.counts for p in self._lanes], axis=0)
 
     def begin_request(self) -> None:
         self.counts = np.zeros(self.L * self.E, dtype=np.float32)  # the current request's EAM
@@ -66,7 +80,8 @@ class EAMPredictor:
 class EAMPolicy:
     """Activation-aware eviction: evict the resident expert with the lowest priority.
 
-    priority(l, e) = (uses of e at layer l in the current request + small prior) * (1 - d / L),
+    priority(l, e) = (uses of e at layer l in the current request, or the batch's requests summed,
+    + small prior) * (1 - d / L),
     where d = layers until layer l comes round again. Ties go to the lower uid.
     """
 
@@ -92,7 +107,7 @@ class EAMPolicy:
     def victim(self, incoming: int, pinned: Container[int]) -> int | None:
         L = self._pred.L
         d = (self._layer - self._step % L - 1) % L
-        prio = (self._pred.counts + self._prior) * (1.0 - d / L)
+        prio = (self._pred.batch_counts() + self._prior) * (1.0 - d / L)
         prio = np.where(self._resident, prio, np.inf)
         for uid in pinned:
             prio[uid] = np.inf
