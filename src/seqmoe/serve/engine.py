@@ -186,15 +186,15 @@ class Engine:
                     self._cv.wait()
                 if self._closing and not self._calls and not self._rows:
                     return
-                t0 = time.perf_counter()
+                t0, busy = time.perf_counter(), bool(self._jobs or self._rows)
             self._run_calls()
             self._admit()
             if self._rows:
                 self._guarded(self._step)
-                if not self._rows:
-                    _trim_heap()
-            with self._cv:
-                if self._rows or self._jobs:
+            if busy and not self._rows:
+                _trim_heap()
+            if busy:
+                with self._cv:
                     self.counts_.busy_s += time.perf_counter() - t0
 
     def _run_calls(self) -> None:
