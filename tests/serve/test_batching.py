@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from tests.serve.conftest import MODEL, LiveServer, wait_for
+from tests.serve.conftest import MODEL, LiveServer, openai, wait_for
 from tests.serve.test_server import PROMPTS, complete, stream_text
 
 
@@ -82,3 +82,36 @@ def test_a_request_leaving_mid_batch_and_seeded_sampling_leave_the_others_exact(
     assert got[:3] == want and got[3] == greedy
     s = wait_for(batched.idle, what="the batch to drain")["server"]
     assert s["cancelled"] >= 1 and s["failed"] == 0
+
+
+def test_a_failing_decode_step_fails_its_batch_and_the_next_requests_are_served(batched):
+    client = batched.client()
+    want = [complete(client, p, max_tokens=10, temperature=0) for p in PROMPTS[:2]]
+    model = batched.served.engine.model
+    before = wait_for(batched.idle, what="an idle server")["server"]
+    calls, both = [], threading.Barrier(2)
+
+    def broken(*args, **kwargs):
+        calls.append(kwargs.get("input_ids").shape[0])
+        if kwargs.get("input_ids").shape[0] == 2:  # the first step the two decode together
+            raise RuntimeError("injected")
+        return type(model).forward(model, *args, **kwargs)
+
+    def ask(p):
+        both.wait(10)
+        try:
+            return complete(client, p, max_tokens=10, temperature=0)
+        except openai.InternalServerError as e:
+            return e.body["message"]
+
+    model.forward = broken
+    try:
+        got = _concurrently(ask, PROMPTS[:2])
+    finally:
+        del model.forward
+    if 2 not in calls:  # the two never shared a step (the first finished before the second joined)
+        pytest.skip("the requests did not overlap on this machine")
+    assert all("injected" in g for g in got)
+    assert [complete(client, p, max_tokens=10, temperature=0) for p in PROMPTS[:2]] == want
+    s = wait_for(batched.idle, what="an idle server")["server"]
+    assert s["failed"] - before["failed"] == 2 and s["running"] == 0
