@@ -34,7 +34,7 @@ from typing import Callable
 
 import torch
 
-from seqmoe.serve.kv import BatchKV, batchable
+from seqmoe.serve.kv import BatchKV, why_one_at_a_time
 from seqmoe.serve.sampling import TextStream, choose_token
 
 
@@ -111,7 +111,7 @@ class Engine:
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         # generate() computes only the last position's logits in the prompt pass; so do we (same numbers)
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
-        self.batch_note = _single_reason(runtime, graph, self._new_cache())
+        self.batch_note = why_one_at_a_time(runtime, graph, self._new_cache())
         self.max_batch = 1 if self.batch_note else max_batch
         self.counts_ = ServerCounts()
         self._rows: list[_Row] = []  # the running batch, in the order of its cache's rows
@@ -377,22 +377,6 @@ def _trim_heap() -> None:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):  # not glibc: nothing to do
         pass
-
-
-def _single_reason(runtime, graph, cache) -> str | None:
-    """Why the engine must decode one request at a time (None: it may batch)."""
-    if graph is not None:
-        return "DecodeGraph decodes one sequence"
-    if not batchable(cache):
-        return "the model's cache has sliding-window layers, which rows cannot be padded and joined in"
-    if runtime is None:
-        return None
-    c = runtime.controller
-    if c.thread is not None:
-        return "the posted engine (--control thread) decodes one sequence"
-    if c.routing is not None or c.pregate is not None or runtime.twins is not None:
-        return "cache-aware routing, live pre-gating and twins serve one sequence"
-    return None
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

@@ -26,6 +26,22 @@ def batchable(cache) -> bool:
     return all(not getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [None]))
 
 
+def why_one_at_a_time(runtime, graph, cache) -> str | None:
+    """Why the engine must decode one request at a time (None: it may batch)."""
+    if graph is not None:
+        return "DecodeGraph decodes one sequence"
+    if not batchable(cache):
+        return "the model's cache has sliding-window layers, which rows cannot be padded and joined in"
+    if runtime is None:
+        return None
+    c = runtime.controller
+    if c.thread is not None:
+        return "the posted engine (--control thread) decodes one sequence"
+    if c.routing is not None or c.pregate is not None or runtime.twins is not None:
+        return "cache-aware routing, live pre-gating and twins serve one sequence"
+    return None
+
+
 @dataclass
 class BatchKV:
     """B rows of one cache: `cache`'s keys and values [B, H, S, D] per layer, `mask` [B, S] (1: a
