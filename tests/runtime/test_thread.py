@@ -34,11 +34,16 @@ def test_mailbox_round_trip_in_ring_order():
             box.post(layer, torch.tensor([[step, layer]]), torch.tensor([[0.25, 0.75]]),
                      torch.tensor([100 + step]) if layer == 0 else None)
             ids, w, tok = box.wait(step, layer)
-            assert ids.tolist() == [step, layer] and w.tolist() == [0.25, 0.75]
-            assert tok == (100 + step if layer == 0 else None)
+            assert ids.tolist() == [[step, layer]] and w.tolist() == [[0.25, 0.75]]
+            assert tok == ([100 + step] if layer == 0 else None)
     assert int(box.posts) == 18
     with pytest.raises(RuntimeError, match="overwritten"):
         box.wait(1, 0)  # step 1 sat where step 5 now is
+    box.post(0, torch.tensor([[1, 2], [3, 4]]), torch.tensor([[0.5, 0.5], [0.25, 0.75]]), torch.tensor([7, 8]))
+    ids, w, tok = box.wait(6, 0, rows=2)  # a step of two rows: each row's routing and token
+    assert ids.tolist() == [[1, 2], [3, 4]] and w.tolist() == [[0.5, 0.5], [0.25, 0.75]] and tok == [7, 8]
+    with pytest.raises(UserError, match="2 rows at most"):
+        Mailbox(num_layers=3, top_k=2, device=torch.device("cpu"), rows=2).post(0, torch.zeros((3, 2)), torch.zeros((3, 2)), None)
 
 
 def test_mailbox_wait_blocks_until_the_post():
@@ -50,7 +55,7 @@ def test_mailbox_wait_blocks_until_the_post():
     assert not got
     box.post(0, torch.tensor([[3]]), torch.tensor([[1.0]]), torch.tensor([7]))
     t.join(5)
-    assert got and got[0][0].tolist() == [3] and got[0][2] == 7
+    assert got and got[0][0].tolist() == [[3]] and got[0][2] == [7]
 
 
 def test_gather_rows_takes_the_slot_or_the_host_row_and_counts_reads():
@@ -246,7 +251,7 @@ def test_triton_post_equals_the_torch_ops_on_cuda():
             mapped._KERNELS = kernels
         torch.cuda.synchronize()
         boxes.append(box)
-        assert box.wait(4, 1)[0].tolist() == [4, 1, 7] and box.wait(4, 0)[2] == 44 and int(box.posts) == 10
+        assert box.wait(4, 1)[0].tolist() == [[4, 1, 7]] and box.wait(4, 0)[2] == [44] and int(box.posts) == 10
         assert fence.acked() == 40 and int(fence.snap) == 41  # the previous post's snapshot, then its own
     a, b = boxes
     for x in ("ids_np", "weights_np", "tokens_np", "seq_np"):

@@ -99,20 +99,23 @@ def check_dequant_gather() -> None:
                     assert ((got[name].float() - w.float()).abs() <= step).all(), (arch_name, precision, name)
 
 
-def _posted(k: dict | None) -> tuple:
+def _posted(k: dict | None, rows: int = 1) -> tuple:
     fence = ReadFence(torch.device("cpu"))
-    box = Mailbox(2, 3, torch.device("cpu"), fence, ring=4)
+    box = Mailbox(2, 3, torch.device("cpu"), fence, ring=4, rows=4)
     for step in range(5):
         for layer in range(2):
             fence.publish(10 * step + layer)
-            ids, w = torch.tensor([[step, layer, 7]]), torch.tensor([[0.5, 0.25, 0.25]])
-            tok = torch.tensor([40 + step]) if layer == 0 else None
+            ids = torch.tensor([[step, layer, 7]]) + 10 * torch.arange(rows).view(rows, 1)
+            w = torch.tensor([[0.5, 0.25, 0.25]]).repeat(rows, 1)
+            tok = 40 + step + 100 * torch.arange(rows) if layer == 0 else None
             if k is None:
                 box.post(layer, ids, w, tok)
                 continue
             k["post"][(1,)](ids.view(-1), w.view(-1), tok if tok is not None else ids.view(-1), box.posts, box._d_ids,
                             box._d_weights, box._d_tokens, box._d_seq, fence.snap, fence.version_dev, fence.acked_dev,
-                            layer, 2, 4, 3, HAS_TOKEN=tok is not None, HAS_FENCE=True, BK=4)
+                            layer, 2, 4, 3 * rows, 3 * box.rows, rows, box.rows, HAS_TOKEN=tok is not None,
+                            HAS_FENCE=True, BK=max(2, 1 << (3 * rows - 1).bit_length()),
+                            BT=max(2, 1 << (rows - 1).bit_length()))
     return (box.ids_np, box.weights_np, box.tokens_np, box.seq_np, int(box.posts), fence.acked(), int(fence.snap))
 
 
@@ -125,7 +128,7 @@ def check_warm(k: dict) -> None:
     box.warm()
     assert int(box.posts) == 0 and (box.seq_np == -1).all() and fence.acked() == 0 and int(fence.snap) == 0
     box.post(0, torch.tensor([[1, 2, 3]]), torch.tensor([[0.5, 0.25, 0.25]], dtype=torch.bfloat16), torch.tensor([9]))
-    assert box.seq_np[0] == 0 and box.ids_np[0].tolist() == [1, 2, 3] and int(box.tokens_np[0]) == 9
+    assert box.seq_np[0] == 0 and box.ids_np[0, :3].tolist() == [1, 2, 3] and int(box.tokens_np[0, 0]) == 9
     assert int(fence.snap) == 7 and int(box.posts) == 1
 
 
@@ -135,9 +138,13 @@ def main() -> None:
     check_quantized_gather(k)
     check_dequant_gather()
     check_warm(k)
-    got, want = _posted(k), _posted(None)
-    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want)), (got, want)
-    assert want[4:] == (10, 40, 41)
+    for rows in (1, 3):  # a batched step's rows land where a one-row step's do, side by side
+        got, want = _posted(k, rows), _posted(None, rows)
+        assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(got, want)), (rows, got, want)
+        assert want[4:] == (10, 40, 41)
+        ids, tokens = want[0], want[2]
+        assert ids[1, : 3 * rows].tolist() == sum(([4 + 10 * r, 1 + 10 * r, 7 + 10 * r] for r in range(rows)), [])
+        assert tokens[0, :rows].tolist() == [44 + 100 * r for r in range(rows)]  # step 4 in ring slot 0, as its ids
     print("ok")
 
 

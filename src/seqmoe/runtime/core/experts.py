@@ -105,12 +105,12 @@ class OffloadedExperts(torch.nn.Module):
         return bound.args[1:], bound.kwargs
 
     def posted_index(self, index: torch.Tensor) -> torch.Tensor:
-        """[1, K] ids 0..K-1 in routing order: the routed ids of one position renumbered into its K gathered rows."""
-        k = index.shape[-1]
-        key = (k, index.dtype, index.device)
+        """[B, K] ids 0..BK-1 in routing order: the routed ids of B rows renumbered into their BK gathered rows."""
+        b, k = index.shape[0], index.shape[-1]
+        key = (b, k, index.dtype, index.device)
         new_index = self._posted_index.get(key)
         if new_index is None:
-            new_index = self._posted_index[key] = torch.arange(k, dtype=index.dtype, device=index.device).view(1, k)
+            new_index = self._posted_index[key] = torch.arange(b * k, dtype=index.dtype, device=index.device).view(b, k)
         return new_index
 
     def compute(self, params: dict, n: int, hidden_states: torch.Tensor, args: tuple, kwargs: dict,

@@ -75,9 +75,9 @@ def _check_batch(controller: Controller, batch: int) -> None:
     """UserError when a batch of `batch` rows meets what serves one sequence only."""
     if batch == 1:
         return
-    if controller.thread is not None or controller.graph_step:
-        raise UserError(f"a batch of {batch} sequences runs with control='inline' (--control inline); the posted "
-                        "engine and DecodeGraph decode one sequence")
+    if controller.relay is not None:
+        raise UserError(f"a batch of {batch} sequences on the posted engine copies its misses: offload with "
+                        "miss='copy' or 'in-place', or control='inline' (its host CPU path serves one sequence)")
     if controller.pregate is not None or controller.routing is not None:
         raise UserError(f"a batch of {batch} sequences runs with exact routing and no live pre-gating: drop "
                         "routing='cache-aware' or the seqmoe-hybrid system, or decode one sequence at a time")
@@ -97,7 +97,7 @@ def _pre_hook(controller: Controller):
         new_request = cache is None or not hasattr(cache, "get_seq_length") or bool(cache.get_seq_length() == 0)
         n = ids.shape[1] if ids is not None else len(tokens[0])
         if thread is not None and n == 1 and not new_request and (controller.num_tokens or thread.launched):
-            controller.begin_posted(ids[:, -1] if ids is not None else None)
+            controller.begin_posted(ids[:, -1] if ids is not None else None, batch)
             controller.host_s += time.perf_counter() - t0
             return
         if thread is not None:  # a prompt: the state machine must be current, every post run (see pool)

@@ -98,19 +98,22 @@ def build() -> dict:
                 tl.store(dst, (q * scale).to(out.dtype.element_ty), mask=m)
 
     @triton.jit(do_not_specialize=["layer"])
-    def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, K,
-             HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr):
+    def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, N, W,
+             NT, TW, HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
+        # N routed entries (rows x K) into a mailbox row W wide; NT input tokens into a row TW wide
         n = tl.load(posts)
         if HAS_FENCE:
             prev = tl.load(snap)  # loaded by every thread before the barrier below, stored after it
         step = n // L
         at = (step % R) * L + layer
         k = tl.arange(0, BK)
-        m = k < K
-        tl.store(box_ids + at * K + k, tl.load(ids + k, mask=m).to(tl.int32), mask=m)
-        tl.store(box_w + at * K + k, tl.load(weights + k, mask=m).to(tl.float32), mask=m)
+        m = k < N
+        tl.store(box_ids + at * W + k, tl.load(ids + k, mask=m).to(tl.int32), mask=m)
+        tl.store(box_w + at * W + k, tl.load(weights + k, mask=m).to(tl.float32), mask=m)
         if HAS_TOKEN:
-            tl.store(box_tok + step % R, tl.load(token).to(tl.int64))
+            t = tl.arange(0, BT)
+            mt = t < NT
+            tl.store(box_tok + (step % R) * TW + t, tl.load(token + t, mask=mt).to(tl.int64), mask=mt)
         tl.debug_barrier()  # every thread's routing stores happen before the release below
         tl.atomic_xchg(box_seq + at, step, sem="release", scope="sys")  # the host sees routing, then the number
         tl.store(posts, n + 1)

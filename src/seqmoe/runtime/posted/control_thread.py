@@ -34,16 +34,18 @@ class ControlThread:
         self._cv = threading.Condition()
         self._stop = False
         self._cut: dict[int, int] = {}  # step -> layers it posted, for steps cut short
+        self._rows: dict[int, tuple[int, list[int] | None]] = {}  # step -> its rows and their lanes, until read
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="seqmoe-control", daemon=True)
         self._thread.start()
 
-    def launch(self) -> int:
-        """A decode step is about to post (model thread); waits while the thread is half a ring
-        behind. The step's number."""
+    def launch(self, rows: int = 1, lanes: list[int] | None = None) -> int:
+        """A decode step of `rows` rows (on `lanes`, see `Controller.lanes`) is about to post (model
+        thread); waits while the thread is half a ring behind. The step's number."""
         with self._cv:
             self._cv.wait_for(lambda: self.launched - self.done < self.mailbox.R // 2 or self._error or self._stop)
             self._check()
+            self._rows[self.launched] = (rows, lanes)
             self.launched += 1
             self._cv.notify_all()
             return self.launched - 1
@@ -97,6 +99,7 @@ class ControlThread:
                 return
             with self._cv:
                 self._cut.pop(step, None)
+                self._rows.pop(step, None)
                 self.done += 1
                 self._cv.notify_all()
 
@@ -104,8 +107,10 @@ class ControlThread:
         """Feed `step`'s layers to the controller as they are posted, or drop the step after the
         layers it posted if it was cut short; False if the thread was stopped meanwhile."""
         give_up = lambda layer: lambda: self._stop or self._cut.get(step, L) <= layer  # noqa: E731
+        with self._cv:
+            rows, lanes = self._rows[step]
         for layer in range(L):
-            got = self.mailbox.wait(step, layer, give_up(layer))
+            got = self.mailbox.wait(step, layer, give_up(layer), rows)
             if got is None:
                 if self._stop:
                     return False
@@ -113,7 +118,7 @@ class ControlThread:
                     self.controller.abandon_step(layer)
                 return True
             with self.lock:
-                self.controller.decode_layer(layer, *got, step=step)
+                self.controller.decode_layer(layer, *got, step=step, lanes=lanes)
         return True
 
     def close(self) -> None:

@@ -1,10 +1,11 @@
 """An experts call of the posted engine: a decode step that posts its routing (`control="thread"`).
 
 The step reads no host value (capturable as a CUDA graph), so it cannot ask which experts are
-resident: it gathers the K routed rows on the device, each from its slot or, on a miss, from the
+resident: it gathers the B x K routed rows of its B rows on the device (an expert two rows use is
+read twice: telling them apart would read the routing on the host), each from its slot or, on a miss, from the
 mapped host block (`ExpertPool.gather_posted_params`; an int8 or int4 store's rows dequantized as
 they are read), and runs the original forward on them with the
-routed ids replaced by 0..K-1: static shapes. With the host path (`host_relay`) the call first
+routed ids replaced by 0..BK-1: static shapes (one set per batch size). With the host path (`host_relay`) the call first
 posts its inputs and waits for the control thread's decision: the experts the host CPU computes
 meanwhile run here at weight 0 on zero rows, and their sum is added after.
 Where it sits in a decode step: docs/decode.md, "On CUDA: posted and captured".
@@ -40,10 +41,10 @@ def posted_forward(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Ten
 def _step(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     t0 = time.perf_counter()
     index, bound = x.routed(args, kwargs, hidden_states)
-    posted = x.front.slot_ok and index.shape[0] == 1
+    posted = x.front.slot_ok
     if posted:
         params = x.pool.gather_posted_params(x.layer, index.reshape(-1), x.layout, x.skip)
-        n, new_index = index.shape[-1], x.posted_index(index)
+        n, new_index = index.numel(), x.posted_index(index)
         x.counts.posted_calls += 1
     else:  # on CUDA the step reads no slot the host chose: the slot fence covers device-side table reads only
         params, n, new_index = x.front.weights(index, host_only=x.pool.device.type == "cuda")

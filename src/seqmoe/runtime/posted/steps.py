@@ -26,13 +26,14 @@ if TYPE_CHECKING:
 class PostedSteps:
     """Methods of `Controller` for posted decode steps (see the module doc)."""
 
-    def begin_posted(self, token_input: torch.Tensor | None) -> None:
-        """A decode step that posts its routing starts (model thread): launch it on the control
-        thread; `token_input`: its input id [1], or None (DecodeGraph sets it in the captured step)."""
+    def begin_posted(self, token_input: torch.Tensor | None, rows: int = 1) -> None:
+        """A decode step of `rows` rows that posts its routing starts (model thread): launch it on
+        the control thread; `token_input`: its input ids [rows], or None (DecodeGraph sets them in
+        the captured step)."""
         if self.relay is not None:
             self.relay.check()  # a step's host output that never came (device side) fails the next step
         self.open_forward(posted=True)
-        self.thread.launch()  # may wait for the control thread: not critical (see `_cut`)
+        self.thread.launch(rows, self.lanes)  # may wait for the control thread: not critical (see `_cut`)
         with critical():
             self.posting, self._token_input, self._posted = True, token_input, 0
 
@@ -77,24 +78,29 @@ class PostedSteps:
         self.mailbox.post(layer, ids, weights, self._token_input if layer == 0 else None)
         self._posted += 1
 
-    def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, token: int | None,
-                     step: int = 0) -> None:
+    def decode_layer(self, layer: int, ids: np.ndarray, weights: np.ndarray, tokens: list[int] | None,
+                     step: int = 0, lanes: list[int] | None = None) -> None:
         """One layer of decode step `step` posted, in order (control thread): what `route` and
-        `experts_done` do for a one-position forward, and `end_forward` after the last layer; the
-        experts it sends to the host CPU go to the relay."""
+        `experts_done` do for a one-position forward of its B rows ([B, K] `ids` and `weights`, the
+        rows' input `tokens` at layer 0, on `lanes`), and `end_forward` after the last layer; the
+        experts it sends to the host CPU go to the relay (batch 1: a batched step refuses the relay)."""
+        b = ids.shape[0]
         if layer == 0:
-            self._step = (np.zeros((1, self.L, self.K), np.int16), np.zeros((1, self.L, self.K), np.float32), token)
-            self._step_start([token], None, new_request=False)
-        step_ids, step_w, tok = self._step
-        step_ids[0, layer], step_w[0, layer] = ids, weights
+            self._step = (np.zeros((b, self.L, self.K), np.int16), np.zeros((b, self.L, self.K), np.float32), tokens)
+            self._step_start(tokens, lanes, new_request=False)
+        step_ids, step_w, toks = self._step
+        step_ids[:, layer], step_w[:, layer] = ids, weights
         self._on_host.clear()
-        self.driver.reveal(layer, step_ids[0, layer])
+        if b == 1:
+            self.driver.reveal(layer, step_ids[0, layer])
+        else:
+            self.driver.reveal(layer, step_ids[:, layer])
         if self.relay is not None:
             base = layer * self.E
             self.relay.decide(step, layer, sorted(u - base for u in self._on_host))
         self._layer_end(layer)
         if layer == self.L - 1:
-            self._keep(step_ids[None], step_w[None], [[tok]])
+            self._keep(step_ids[:, None], step_w[:, None], [[t] for t in toks])
 
     def abandon_step(self, layers: int) -> None:
         """The decode step being read was cut short after `layers` layers (control thread, under the lock)."""
