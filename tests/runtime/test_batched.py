@@ -16,6 +16,7 @@ from seqmoe.errors import UserError
 from seqmoe.runtime import offload
 from tests.collect.tiny_models import ARCHS
 from tests.runtime.conftest import TEST_HW, fresh, reference
+from tests.runtime.test_host_path import HOST_HW
 
 PROMPTS = [[1, 17, 42, 5, 88, 23], [1, 9, 3], [1, 61, 9, 33, 70, 12, 4, 8, 2], [1, 50]]
 NEW_TOKENS = 8
@@ -72,6 +73,48 @@ def test_each_sequence_of_a_batch_gets_its_full_load_tokens(arch, miss):
         rt.restore()
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_posted_engine_decodes_a_batch(arch):
+    """control='thread': the decode steps post their B x K routing, the control thread reads it."""
+    ref = reference(arch)
+    full = generate_batch(ref.model)
+    model = fresh(arch)
+    rt = offload(model, 0.3, "seqmoe", train=ref.train, hardware=TEST_HW, control="thread")
+    got = generate_batch(model)
+    assert torch.equal(got, full), f"{arch}: {got.tolist()} != {full.tolist()}"
+    s = rt.stats()
+    width = max(map(len, PROMPTS))
+    assert s["activations"] == len(PROMPTS) * (width + NEW_TOKENS - 1) * s["num_layers"] * s["top_k"]
+    assert sum(m.experts.posted_calls for m in rt._layers) == (NEW_TOKENS - 1) * s["num_layers"]
+    rt.restore()
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "deepseek_v3", "gpt_oss"])
+def test_decode_graph_decodes_a_batch(arch):
+    """DecodeGraph's B-row step (static cache, fixed padding mask, per-row positions) on the posted
+    engine: each row's tokens are its full-load batch's; then batch 1 again, on its own state."""
+    from seqmoe.runtime import DecodeGraph
+
+    ref = reference(arch)
+    full = generate_batch(ref.model)
+    ids, mask = _padded(PROMPTS)
+    width = ids.shape[1]
+    assert torch.equal(DecodeGraph(ref.model, 32).generate(ids, NEW_TOKENS, attention_mask=mask)[:, width:], full)
+    model = fresh(arch)
+    rt = offload(model, 0.3, "seqmoe", train=ref.train, hardware=TEST_HW, control="thread")
+    dg = DecodeGraph(rt, 32)
+    got = dg.generate(ids, NEW_TOKENS, attention_mask=mask)[:, width:]
+    assert torch.equal(got, full), f"{arch}: {got.tolist()} != {full.tolist()}"
+    one = torch.tensor([PROMPTS[1]])
+    want = ref.model.generate(one, max_new_tokens=NEW_TOKENS, do_sample=False, pad_token_id=0)
+    assert torch.equal(dg.generate(one, NEW_TOKENS), want)
+    s = rt.stats()
+    assert s["tokens"] == len(PROMPTS) * (width + NEW_TOKENS - 1) + len(PROMPTS[1]) + NEW_TOKENS - 1
+    with pytest.raises(UserError, match="1 <= B <= 16"):
+        dg.generate(torch.ones((17, 2), dtype=torch.long), 2)
+    rt.restore()
+
+
 def test_seqmoe_tiny_batched_on_the_online_default():
     from seqmoe.collect import load_model
 
@@ -92,4 +135,9 @@ def test_a_batch_is_refused_where_only_one_sequence_is_served():
     rt = offload(model, 0.5, "on-demand-lru", train=ref.train, hardware=TEST_HW, routing="cache-aware", max_kl=0.1)
     with pytest.raises(UserError, match="exact routing"):
         generate_batch(model)
+    rt.restore()
+    rt = offload(model, 0.5, "on-demand-lru", train=ref.train, hardware=HOST_HW, control="thread", miss="auto")
+    with pytest.raises(UserError, match="posted engine copies"):
+        generate_batch(model)
+    assert torch.equal(generate_batch(model, PROMPTS[:1]), generate_batch(ref.model, PROMPTS[:1]))  # usable at once
     rt.restore()

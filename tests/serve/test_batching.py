@@ -115,3 +115,17 @@ def test_a_failing_decode_step_fails_its_batch_and_the_next_requests_are_served(
     assert [complete(client, p, max_tokens=10, temperature=0) for p in PROMPTS[:2]] == want
     s = wait_for(batched.idle, what="an idle server")["server"]
     assert s["failed"] - before["failed"] == 2 and s["running"] == 0
+
+
+def test_the_posted_engine_serves_a_batch():
+    """--control thread copying its misses batches too: the steps post B rows' routing."""
+    server = LiveServer(max_batch=4, threads=1, control="thread", miss="copy")
+    try:
+        client = server.client()
+        alone = [complete(client, p, max_tokens=12, temperature=0) for p in PROMPTS[:4]]
+        got = _concurrently(lambda p: complete(client, p, max_tokens=12, temperature=0), PROMPTS[:4])
+        assert got == alone
+        s = wait_for(server.idle, what="the batch to drain")["server"]
+        assert s["failed"] == 0 and s["max_batch"] == 4
+    finally:
+        server.close()

@@ -29,14 +29,14 @@ def batchable(cache) -> bool:
 def why_one_at_a_time(runtime, graph, cache) -> str | None:
     """Why the engine must decode one request at a time (None: it may batch)."""
     if graph is not None:
-        return "DecodeGraph decodes one sequence"
+        return "DecodeGraph decodes rows that start together, not requests that join and leave"
     if not batchable(cache):
         return "the model's cache has sliding-window layers, which rows cannot be padded and joined in"
     if runtime is None:
         return None
     c = runtime.controller
-    if c.thread is not None:
-        return "the posted engine (--control thread) decodes one sequence"
+    if c.relay is not None:
+        return "the posted engine's host CPU path (--control thread with --miss cpu or auto) serves one sequence"
     if c.routing is not None or c.pregate is not None or runtime.twins is not None:
         return "cache-aware routing, live pre-gating and twins serve one sequence"
     return None
