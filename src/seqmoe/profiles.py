@@ -4,7 +4,8 @@ A `ModelProfile` says how many bytes one routed expert occupies and how many oth
 token reads; a `HardwareProfile` says how fast host->device copies and HBM reads are. Together
 they give the cost model of docs/DESIGN.md ("Evaluation protocol"): one copy takes
 `alpha + expert_bytes / h2d`, and a batch-1 decode layer is bound by HBM bandwidth, taking
-`bytes_read / (efficiency x peak)`.
+`bytes_read / (efficiency x peak)`. A prompt's forward is priced by its FLOPs too (`layer_flops`,
+`device_flops_per_s`, ...; `seqmoe.sim.prefill`).
 
 Presets are computed from each model's config.json in `seqmoe.presets`, so the arithmetic is
 visible; custom profiles load from a JSON or TOML file holding the dataclass fields::
@@ -47,7 +48,13 @@ class ModelProfile:
     """Bytes read per decode token outside the MoE layers (dense layers, embedding row, lm_head)."""
     expert_params: int = 0
     """Weights of one routed expert's matrices, what a quantized store prices (0: expert_bytes / 2, a
-    16-bit store)."""
+    16-bit store); a prompt position computes 2 FLOPs per weight in each expert it routes to."""
+    layer_flops: int = 0
+    """FLOPs per position per MoE layer besides routed experts (2 x weights of attention, router, shared experts)."""
+    token_flops: int = 0
+    """FLOPs per position outside the MoE layers (dense layers; lm_head apart, in `head_flops`)."""
+    head_flops: int = 0
+    """FLOPs of the lm_head for one position (a prompt's forward computes it for its last position only)."""
     source: str = "user file"
     """Where the numbers come from."""
 
@@ -55,7 +62,7 @@ class ModelProfile:
         what = f"model profile '{self.name}'"
         for f in ("num_layers", "num_experts", "top_k", "expert_bytes"):
             _check_number(what, f, getattr(self, f), integer=True, minimum=1)
-        for f in ("layer_bytes", "token_bytes", "expert_params"):
+        for f in ("layer_bytes", "token_bytes", "expert_params", "layer_flops", "token_flops", "head_flops"):
             _check_number(what, f, getattr(self, f), integer=True, minimum=0)
         if self.top_k > self.num_experts:
             raise UserError(f"{what}: top_k={self.top_k} exceeds num_experts={self.num_experts}")
@@ -94,6 +101,12 @@ class HardwareProfile:
     """Peak host DRAM bandwidth (channels x MT/s x 8 bytes), bytes/s; None: no CPU miss path (`seqmoe.host_cost`)."""
     host_cores: int | None = None
     """Host CPU cores that compute experts (with `host_memory_bytes_per_s`)."""
+    device_flops_per_s: float | None = None
+    """Peak dense bf16 FLOP/s of the accelerator (no sparsity); None: no prefill cost (`seqmoe.sim.prefill`)."""
+    compute_efficiency: float = 0.5
+    """Fraction of `device_flops_per_s` a prompt's GEMMs reach, in (0, 1]."""
+    host_flops_per_s: float | None = None
+    """bf16 FLOP/s the host's cores sustain in expert matmuls of many rows; None: the prompt path has no host CPU."""
     source: str = "user file"
     """Where the numbers come from."""
 
@@ -108,6 +121,12 @@ class HardwareProfile:
         _check_number(what, "device_memory_bytes", self.device_memory_bytes, integer=True, minimum=1)
         if (self.host_memory_bytes_per_s is None) != (self.host_cores is None):
             raise UserError(f"{what}: give host_memory_bytes_per_s and host_cores together (or neither: no CPU path)")
+        for f in ("device_flops_per_s", "host_flops_per_s"):
+            if getattr(self, f) is not None:
+                _check_number(what, f, getattr(self, f), minimum=0, strict=True)
+        _check_number(what, "compute_efficiency", self.compute_efficiency, minimum=0, strict=True)
+        if self.compute_efficiency > 1:
+            raise UserError(f"{what}: compute_efficiency must be in (0, 1], got {self.compute_efficiency}")
         if self.host_cores is not None:
             _check_number(what, "host_memory_bytes_per_s", self.host_memory_bytes_per_s, minimum=0, strict=True)
             _check_number(what, "host_cores", self.host_cores, integer=True, minimum=1)

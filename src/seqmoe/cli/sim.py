@@ -26,6 +26,17 @@ from seqmoe.sim.run import load_workload, run_one, run_sweep
 _RESIDENCIES = ",".join(map(str, DEFAULT_RESIDENCIES))
 
 
+def _lengths(text: str) -> tuple[int, ...]:
+    """`--prompt-lengths`: comma-separated positive ints (empty: none)."""
+    try:
+        got = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    if any(n < 1 for n in got):
+        raise argparse.ArgumentTypeError(f"a prompt has at least 1 position, got {text!r}")
+    return got
+
+
 def _names(text: str) -> list[str]:
     if text == "baselines":
         return baselines()
@@ -34,8 +45,12 @@ def _names(text: str) -> list[str]:
 
 def cmd_sim(args) -> int:
     cfg = config_from_args(SimConfig, args)
-    row = run_one(load_workload(cfg), cfg, progress=progress(args))
+    row = run_one(load_workload(cfg), cfg, progress=progress(args), prompt_lengths=args.prompt_lengths)
     print(format_table([row]))
+    for n, p in row.get("prefill", {}).items():
+        print(f"time to first token, {n}-token prompts ({p['prompts']}): {p['ttft_s'] * 1e3:.2f} ms, full load "
+              f"{p['full_load_ttft_s'] * 1e3:.2f} ms ({p['vs_full_load']:.2f}x), bound {p['bound_ttft_s'] * 1e3:.2f} ms, "
+              f"cold pool {p['cold_ttft_s'] * 1e3:.2f} ms")
     if args.out:
         write_jsonl([row], args.out)
     if args.json:
@@ -111,6 +126,9 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
                          "--hardware, with --system managing a pool of floor(residency x L x E) expert slots.")
     add_config_flags(sim, SimConfig)
     sim.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
+    sim.add_argument("--prompt-lengths", type=_lengths, default=(), metavar="N,N",
+                     help="also the time to first token of prompts of these many positions, from each system's pool "
+                     "at every request start (docs/DESIGN.md, prefill extension; batch 1; default: none)")
     sim.add_argument("--out", help="also write the result row to this JSONL file")
     sim.set_defaults(func=cmd_sim)
 

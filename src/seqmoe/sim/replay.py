@@ -22,7 +22,8 @@ from seqmoe.trace.schema import RoutingTrace, check_dims
 
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,
              capacity: int, start, progress: bool = False, compiled: bool = True,
-             max_kl: float | None = None, window_tokens: int | None = None, plan: Lockstep | None = None) -> SimCounts:
+             max_kl: float | None = None, window_tokens: int | None = None, plan: Lockstep | None = None,
+             pools: dict | None = None) -> SimCounts:
     """Replay `trace` as batch-1 decode (or batched, by `plan`) with `system` managing `capacity` slots.
 
     Args:
@@ -39,6 +40,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         window_tokens: also count each window of this many tokens (`SimCounts.windows`).
         plan: decode the requests B at a time in lockstep (`seqmoe.sim.lockstep`; exact routing, no
             twins, no windows); None: batch 1.
+        pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
+            bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
 
     Returns:
         Counts and times of the replay (see `seqmoe.manager.summarize` for the metrics).
@@ -54,8 +57,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     driver = Driver(build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start,
                                   compiled=compiled))
     if plan is not None and plan.batch > 1:
-        if max_kl is not None or gates is not None or window_tokens:
-            raise UserError("a batched replay replays exact routing, without twins or windows")
+        if max_kl is not None or gates is not None or window_tokens or pools:
+            raise UserError("a batched replay replays exact routing, without twins, windows or prompts")
         return _simulate_batched(trace, driver, plan, progress, system.name)
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     L, K = trace.num_layers, trace.top_k
@@ -70,6 +73,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     for t in range(trace.num_tokens):
         if window_tokens and t % window_tokens == 0:
             mark = _close_window(driver, windows, mark)
+        if pools is not None and t in pools:
+            pools[t] = np.array(driver.manager.readable_mask(driver.clock), dtype=bool)
         driver.token_start(tokens[t] if tokens is not None else None, t in starts)
         row = ids[t]
         for l in range(L):

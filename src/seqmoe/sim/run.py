@@ -18,6 +18,7 @@ import numpy as np
 from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
+from seqmoe.errors import UserError
 from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
 from seqmoe.manager.miss_paths import check_twin
 from seqmoe.manager.placement import capacity_for_bytes
@@ -28,6 +29,7 @@ from seqmoe.predict.online import OnlineForecaster, cold_prior, online_forecaste
 from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.sim.lockstep import lockstep
+from seqmoe.sim.prefill import check_prompt_lengths, prefill_costs, prefill_fields, prompt_starts
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import RoutingTrace, check_dims
 from seqmoe.trace.split import split_trace
@@ -78,9 +80,16 @@ def host_info() -> dict:
             "numpy": np.__version__, "platform": platform.platform(), "processor": platform.machine()}
 
 
-def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
-    """Replay `w.test` with `cfg.system` at `cfg.residency`; the result row as a dict."""
+def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengths=()) -> dict:
+    """Replay `w.test` with `cfg.system` at `cfg.residency`; the result row as a dict. `prompt_lengths`:
+    also the time to first token of prompts of these lengths from the pool at each request start
+    (`seqmoe.sim.prefill`; batch 1), in the row's `prefill`."""
     test, model = w.test, w.model.at_precision(cfg.expert_dtype)
+    lengths = check_prompt_lengths(prompt_lengths, test.num_tokens)
+    if lengths and (cfg.batch > 1 or cfg.twin is not None):
+        raise UserError("--prompt-lengths prices prompts from a batch-1 replay without twins: drop --batch or --twin")
+    costs = prefill_costs(model, w.hardware) if lengths else None
+    pools = {int(s): None for n in lengths for s in prompt_starts(test.request_offsets, test.num_tokens, n)}
     L, E, K = test.num_layers, test.num_experts, test.top_k
     if cfg.memory is None:
         capacity, residency = capacity_for(cfg.residency, L, E, K), cfg.residency
@@ -110,7 +119,8 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     system = build_system(cfg.system, inputs, cfg.miss, twin)
     t0 = time.perf_counter()
     counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
-                      progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens, plan=plan)
+                      progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens, plan=plan,
+                      pools=pools or None)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
            "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
@@ -119,6 +129,8 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
     if isinstance(predictor, OnlineForecaster):
         row["forecaster"] = predictor.stats()
     row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))
+    if lengths:
+        row["prefill"] = prefill_fields(test.expert_ids, test.request_offsets, pools, lengths, costs, system.miss)
     row.update({
         "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,
         "model_profile": model.to_dict(), "hardware_profile": w.hardware.to_dict(),
