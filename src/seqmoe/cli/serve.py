@@ -5,7 +5,8 @@
         -d '{"model": "seqmoe-tiny", "prompt": "def parse(", "max_tokens": 32}'
 
 The model is loaded once on the CPU and offloaded as `seqmoe generate` does (same flags); one
-engine thread decodes up to `--max-batch` requests together, the others wait in a FIFO queue (`--queue-limit`).
+engine thread decodes up to `--max-batch` requests together, the others wait in a queue (`--queue-limit`; who
+leaves it first: `--admission`).
 `add_serve_commands(subparsers)` registers the command (src/seqmoe/cli/__init__.py). Bad input raises
 `UserError`; fastapi and uvicorn are the `serve` extra and are imported only when it runs.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 from seqmoe.cli.args import progress
 from seqmoe.cli.runtime import add_offload_flags, offload_configs
 from seqmoe.errors import UserError
+from seqmoe.serve.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -42,6 +44,10 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
                    "running batch between decode steps (continuous batching); 1: one at a time. One at a time anyway "
                    "with --graph, --control thread, cache-aware routing, pre-gating, twins or a sliding-window cache "
                    "(default: 8)")
+    s.add_argument("--admission", default="fifo", help="which waiting request takes a free row of the batch: "
+                   f"{' or '.join(ADMISSIONS)} (the one whose forecast routing overlaps most with the running batch's "
+                   f"and the resident experts, among the first {CANDIDATES} waiting; the oldest is passed over at most "
+                   f"{MAX_SKIPS} times in a row) (default: fifo)")
     s.add_argument("--queue-limit", type=int, default=32, help="requests that may wait beside the running batch; "
                    "past it the server answers 429 (default: 32)")
     s.add_argument("--context-length", type=int, default=None, help="prompt + completion tokens at most (default: the "
@@ -60,6 +66,8 @@ def _check_args(args) -> None:
         raise UserError(f"--port must be in [0, 65535], got {args.port}")
     if args.max_batch < 1:
         raise UserError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.admission not in ADMISSIONS:
+        raise UserError(f"--admission must be one of {', '.join(ADMISSIONS)}, got {args.admission!r}")
     if args.queue_limit < 0:
         raise UserError(f"--queue-limit must be >= 0, got {args.queue_limit}")
     if args.context_length is not None and args.context_length < 2:
@@ -96,7 +104,7 @@ def run_serve(args) -> int:
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
     served = load_engine(load, cfg, graph=args.graph, queue_limit=args.queue_limit,
-                         max_batch=args.max_batch,
+                         max_batch=args.max_batch, admission=args.admission,
                          context_length=args.context_length, chat_template=args.chat_template,
                          name=args.served_model_name, progress=progress(args))
     host, port = sock.getsockname()[:2]

@@ -7,8 +7,8 @@
     engine.call(fn).result()                                  # fn() on the engine thread, between two steps
     engine.close()
 
-Continuous batching: between two decode steps, waiting jobs join the running batch (FIFO, up to
-`max_batch` rows) by a prompt forward of their own, and finished or cancelled ones leave; each
+Continuous batching: between two decode steps, waiting jobs join the running batch (up to `max_batch`
+rows; which job first: `serve.admission`, FIFO by default) by a prompt forward of their own, and finished or cancelled ones leave; each
 decode step is one forward over every running row (`serve.kv.BatchKV`: a left-padded cache and its
 mask), each row on its own lane of the runtime (`OffloadRuntime.use_lanes`), so each sequence keeps
 its forecaster state. torch is not re-entrant, so every forward (and `runtime.stats()`) runs on this
@@ -34,6 +34,7 @@ from typing import Callable
 
 import torch
 
+from seqmoe.serve.admission import Admission
 from seqmoe.serve.kv import BatchKV, why_one_at_a_time
 from seqmoe.serve.sampling import TextStream, choose_token
 
@@ -66,6 +67,7 @@ class Job:
     params: GenParams
     emit: Callable[..., None]
     cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -97,10 +99,11 @@ class Engine:
         graph: a `seqmoe.runtime.DecodeGraph` that decodes greedy jobs (None: the eager loop); it
             stops at one end-of-sequence id only (the smallest); it decodes one sequence.
         model: the model to serve when `runtime` is None.
+        admission: which waiting job takes a free row (`serve.admission.ADMISSIONS`; default FIFO).
     """
 
     def __init__(self, runtime, tokenizer, *, queue_limit: int = 32, max_batch: int = 1,
-                 eos_token_ids: tuple[int, ...] | None = None, graph=None, model=None) -> None:
+                 eos_token_ids: tuple[int, ...] | None = None, graph=None, model=None, admission: str = "fifo") -> None:
         self.runtime, self.tokenizer, self.graph = runtime, tokenizer, graph
         self.model = runtime.model if runtime is not None else model
         self.device = next(self.model.parameters()).device
@@ -113,6 +116,7 @@ class Engine:
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
         self.batch_note = why_one_at_a_time(runtime, graph, self._new_cache())
         self.max_batch = 1 if self.batch_note else max_batch
+        self.admission = Admission(admission, self.model, runtime, self.max_batch)
         self.counts_ = ServerCounts()
         self._rows: list[_Row] = []  # the running batch, in the order of its cache's rows
         self._kv: BatchKV | None = None
@@ -161,7 +165,7 @@ class Engine:
         with self._cv:
             c = dict(vars(self.counts_))
             c.update(waiting=len(self._jobs), running=len(self._rows), max_batch=self.max_batch,
-                     queue_limit=self.queue_limit,
+                     queue_limit=self.queue_limit, **self.admission.counts(),
                      wall_tokens_per_s=c["completion_tokens"] / c["busy_s"] if c["busy_s"] else 0.0)
         return c
 
@@ -176,6 +180,7 @@ class Engine:
                 row.job.cancelled.set()
             self._cv.notify()
         self._thread.join()
+        self.admission.close()
 
     # --- the engine thread ---------------------------------------------------------------------
 
@@ -210,12 +215,14 @@ class Engine:
                     fut.set_exception(e)
 
     def _admit(self) -> None:
-        """Waiting jobs join the batch, FIFO, while it has free rows (each by its prompt forward)."""
+        """Waiting jobs join the batch while it has free rows (each by its prompt forward), in the
+        order of the admission rule."""
         while True:
             with self._cv:
                 if self._closing or not self._jobs or len(self._rows) >= self.max_batch:
                     return
-                job = self._jobs.popleft()
+                job = self._jobs[self.admission.pick(self._jobs, [r.lane for r in self._rows])]
+                self._jobs.remove(job)
             row = _Row(job, lane=min(set(range(self.max_batch)) - {r.lane for r in self._rows}))
             with self._cv:
                 self._rows.append(row)  # counted as running from here (its prompt forward may take a while)
@@ -239,7 +246,9 @@ class Engine:
     def _forward(self, ids: torch.Tensor, lanes: list[int], **kwargs):
         if self.runtime is not None:
             self.runtime.use_lanes(lanes)
-        return self.model(input_ids=ids, use_cache=True, **kwargs, **self._keep).logits
+        logits = self.model(input_ids=ids, use_cache=True, **kwargs, **self._keep).logits
+        self.admission.observe(ids, lanes)
+        return logits
 
     def _prefill(self, row: _Row) -> None:
         """The job's prompt forward on its own cache; its first token; then it joins the batch's cache."""

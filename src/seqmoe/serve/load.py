@@ -41,7 +41,7 @@ class Served:
 
 def load_engine(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, queue_limit: int = 32,
                 max_batch: int = 8, context_length: int | None = None, chat_template: str | None = None, name: str | None = None,
-                progress: bool = False) -> Served:
+                progress: bool = False, admission: str = "fifo") -> Served:
     """Load `load.model`, offload it as `cfg` says (`graph`: with thread control, decoding greedy requests
     with `DecodeGraph`), start its engine.
 
@@ -67,7 +67,8 @@ def load_engine(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, qu
             from seqmoe.runtime import DecodeGraph
 
             decode_graph = DecodeGraph(runtime, limit)
-        engine = Engine(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, graph=decode_graph)
+        engine = Engine(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, graph=decode_graph,
+                        admission=admission)
     except BaseException:
         runtime.restore()
         raise
@@ -76,7 +77,7 @@ def load_engine(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, qu
     s = runtime.stats()
     summary = (f"system {cfg.system}, residency {s['residency']:.4g}: {s['capacity']} of {s['num_layers'] * s['num_experts']} "
                f"{s['expert_dtype']} experts in slots on {s['device']}, control {s['control']}{', graph' if graph else ''}; "
-               f"context {limit}, queue limit {queue_limit}, batch up to {engine.max_batch}"
+               f"context {limit}, queue limit {queue_limit}, batch up to {engine.max_batch}, admission {admission}"
                + (f" ({engine.batch_note})" if engine.batch_note and max_batch > 1 else ""))
     return Served(engine=engine, runtime=runtime, tokenizer=tok, name=name or Path(str(load.model)).name,
                   context_length=limit, temperature=float(gc.temperature or 1.0) if sampled else 0.0,
