@@ -35,84 +35,98 @@ MAX_TOKENS = [24, 64, 40, 96]
 
 
 def workload(n: int) -> list[tuple[str, int]]:
-    """`n` requests alternating code and prose, with completion lengths cycling `MAX_TOKENS`."""
+    """`n` requests alternating code and prose, each kind's completion lengths cycling `MAX_TOKENS` (so that
+    kind and length are independent: a rule that groups kinds must not serve short requests first)."""
     out = []
     for i in range(n):
         prompts = CODE if i % 2 == 0 else PROSE
-        out.append((prompts[(i // 2) % len(prompts)], MAX_TOKENS[i % len(MAX_TOKENS)]))
+        out.append((prompts[(i // 2) % len(prompts)], MAX_TOKENS[(i // 2) % len(MAX_TOKENS)]))
     return out
 
 
-def run_rule(rule: str, args, requests: list[tuple[str, int]]) -> dict:
-    from seqmoe.config import LoadConfig, OffloadConfig
-    from seqmoe.serve.engine import GenParams, Job
-    from seqmoe.serve.load import load_engine
+class Bench:
+    """One rule's engine (fresh runtime) and the rounds it ran."""
 
-    expert_bytes = 3 * 160 * 80 * 4  # seqmoe-tiny: hidden 160, expert intermediate 80, fp32
-    cfg = OffloadConfig(residency=args.residency, system=args.system, device="cpu", emulate_link=True,
-                        hardware="h100-pcie5", bandwidth=expert_bytes / (args.copy_us * 1e-6))
-    served = load_engine(LoadConfig(model="seqmoe-tiny", threads=args.threads), cfg, max_batch=args.max_batch,
-                         queue_limit=len(requests), admission=rule)
-    engine, tok = served.engine, served.tokenizer
-    ids = [tok(p)["input_ids"] for p, _ in requests]
-    try:
-        def round_() -> dict:
-            n = len(requests)
-            texts, first, admitted, done = [[] for _ in range(n)], [None] * n, [None] * n, threading.Semaphore(0)
-            skipped = []
+    def __init__(self, rule: str, args, requests: list[tuple[str, int]]) -> None:
+        from seqmoe.config import LoadConfig, OffloadConfig
+        from seqmoe.serve.load import load_engine
 
-            def emit(i):
-                def on(kind, *a):
-                    if kind == "text":
-                        texts[i].append(a[0])
-                        first[i] = first[i] or time.perf_counter()
-                    else:
-                        done.release()
-                return on
+        expert_bytes = 3 * 160 * 80 * 4  # seqmoe-tiny: hidden 160, expert intermediate 80, fp32
+        cfg = OffloadConfig(residency=args.residency, system=args.system, device="cpu", emulate_link=True,
+                            hardware="h100-pcie5", bandwidth=expert_bytes / (args.copy_us * 1e-6))
+        self.served = load_engine(LoadConfig(model="seqmoe-tiny", threads=args.threads), cfg, max_batch=args.max_batch,
+                                  queue_limit=len(requests), admission=rule)
+        self.rule, self.requests, self.rounds = rule, requests, []
+        self.ids = [self.served.tokenizer(p)["input_ids"] for p, _ in requests]
+        self.round()  # warm-up: first allocations, the pool filled
+        self.start = self._snapshot()
 
-            jobs = [Job(prompt_ids=ids[i], params=GenParams(max_tokens=m), emit=emit(i)) for i, (_, m) in enumerate(requests)]
-            pick = engine.admission.pick
+    def _snapshot(self) -> tuple[dict, dict]:
+        engine = self.served.engine
+        return engine.call(self.served.runtime.stats).result(), engine.counts()
 
-            def timed_pick(waiting, lanes):
-                c = pick(waiting, lanes)
-                admitted[jobs.index(waiting[c])] = time.perf_counter()
-                skipped.append(c > 0)
-                return c
+    def round(self) -> dict:
+        """Every request queued, then admitted by the rule; the round's wall time, texts, waits."""
+        from seqmoe.serve.engine import GenParams, Job
 
-            engine.admission.pick = timed_pick
-            gate = threading.Event()
-            engine.call(gate.wait)
-            for j in jobs:
-                engine.submit(j)
-            t0 = time.perf_counter()
-            gate.set()
-            for _ in jobs:
-                done.acquire()
-            wall = time.perf_counter() - t0
-            del engine.admission.pick
-            waits = [a - t0 for a in admitted]
-            ttft = [f - t0 for f in first if f is not None]
-            return {"wall_s": wall, "texts": ["".join(t) for t in texts], "waits": waits, "ttft": ttft,
-                    "passed_over": sum(skipped)}
+        engine, requests, ids = self.served.engine, self.requests, self.ids
+        n = len(requests)
+        texts, first, admitted, done = [[] for _ in range(n)], [None] * n, [None] * n, threading.Semaphore(0)
+        skipped = []
 
-        round_()  # warm-up: first allocations, the pool filled
-        s0 = engine.call(served.runtime.stats).result()
-        c0 = engine.counts()
-        rounds = [round_() for _ in range(args.rounds)]
-        s1 = engine.call(served.runtime.stats).result()
-        c1 = engine.counts()
-    finally:
-        served.close()
+        def emit(i):
+            def on(kind, *a):
+                if kind == "text":
+                    texts[i].append(a[0])
+                    first[i] = first[i] or time.perf_counter()
+                else:
+                    done.release()
+            return on
+
+        jobs = [Job(prompt_ids=ids[i], params=GenParams(max_tokens=m), emit=emit(i)) for i, (_, m) in enumerate(requests)]
+        pick = engine.admission.pick
+
+        def timed_pick(waiting, lanes):
+            c = pick(waiting, lanes)
+            admitted[jobs.index(waiting[c])] = time.perf_counter()
+            skipped.append(c > 0)
+            return c
+
+        engine.admission.pick = timed_pick
+        gate = threading.Event()
+        engine.call(gate.wait)
+        for j in jobs:
+            engine.submit(j)
+        t0 = time.perf_counter()
+        gate.set()
+        for _ in jobs:
+            done.acquire()
+        wall = time.perf_counter() - t0
+        del engine.admission.pick
+        waits = [a - t0 for a in admitted]
+        ttft = [f - t0 for f in first if f is not None]
+        return {"wall_s": wall, "texts": ["".join(t) for t in texts], "waits": waits, "ttft": ttft,
+                "passed_over": sum(skipped)}
+
+    def result(self) -> dict:
+        (s0, c0), (s1, c1) = self.start, self._snapshot()
+        self.served.close()
+        return summary(self.rule, self.rounds, s0, c0, s1, c1)
+
+
+def summary(rule: str, rounds: list[dict], s0: dict, c0: dict, s1: dict, c1: dict) -> dict:
+    """The rounds' metrics from their records and the stats and counts before and after them."""
+    n = len(rounds)
     tokens = c1["completion_tokens"] - c0["completion_tokens"]
     acts = s1["activations"] - s0["activations"]
     hits = (s1["ready"] + s1["late"]) - (s0["ready"] + s0["late"])
-    per_round = [tokens / args.rounds / r["wall_s"] for r in rounds]
+    per_round = [tokens / n / r["wall_s"] for r in rounds]
     waits = [w for r in rounds for w in r["waits"]]
     ttft = [w for r in rounds for w in r["ttft"]]
     return {"admission": rule, "tokens_per_s": statistics.median(per_round), "tokens_per_s_rounds": per_round,
             "hit_rate": hits / acts if acts else 0.0, "mean_wait_s": statistics.mean(waits), "max_wait_s": max(waits),
             "mean_ttft_s": statistics.mean(ttft), "max_ttft_s": max(ttft),
-            "passed_over": sum(r["passed_over"] for r in rounds) / args.rounds, "texts": rounds[0]["texts"],
+            "passed_over": sum(r["passed_over"] for r in rounds) / n, "texts": rounds[0]["texts"],
             "same_text_across_rounds": all(r["texts"] == rounds[0]["texts"] for r in rounds)}
 
 
@@ -128,7 +142,11 @@ def main() -> int:
     p.add_argument("--admissions", default="fifo,overlap")
     args = p.parse_args()
     requests = workload(args.requests)
-    results = [run_rule(rule, args, requests) for rule in args.admissions.split(",")]
+    benches = [Bench(rule, args, requests) for rule in args.admissions.split(",")]
+    for _ in range(args.rounds):  # the rules' rounds alternate: drifting load on the machine hits each alike
+        for b in benches:
+            b.rounds.append(b.round())
+    results = [b.result() for b in benches]
     base = results[0]
     print(f"seqmoe-tiny, CPU, {args.requests} requests (code and prose), max batch {args.max_batch}, r = "
           f"{args.residency}, {args.system}, emulated link {args.copy_us:g} us per expert row, {args.rounds} rounds")
