@@ -165,6 +165,10 @@ def test_overlap_reorders_admission_and_every_request_keeps_its_greedy_text(serv
     assert sorted(over_order) == list(range(len(prompts))) and over_counts["reordered"] == sum(
         1 for i, r in enumerate(over_order) if r != min(over_order[i:]))
     assert over_order != fifo_order  # the rule did reorder here
+    run = 0
+    for i, r in enumerate(over_order):  # admissions in a row that passed the head (the oldest waiting) over
+        run = 0 if r == min(over_order[i:]) else run + 1
+        assert run <= MAX_SKIPS
     assert over == fifo and all(over)  # the same tokens for every request
     assert over_counts["admission"] == "overlap" and over_counts["max_wait_s"] >= over_counts["mean_wait_s"] > 0
 
