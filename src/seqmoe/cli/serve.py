@@ -31,8 +31,8 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
         help="OpenAI-compatible HTTP server (completions, chat, streaming) for an offloaded model",
         description="Load a MoE causal LM once, offload its routed experts (C = floor(R x L x E) device slots managed "
         "by --system) and serve GET /v1/models, POST /v1/completions, POST /v1/chat/completions (stream: true as "
-        "server-sent events) and GET /stats. Up to --max-batch requests decode together; the others wait in a FIFO "
-        "queue.",
+        "server-sent events) and GET /stats. Up to --max-batch requests decode together; the others wait in a queue "
+        "(who leaves it first: --admission).",
     )
     add_offload_flags(s)
     s.add_argument("--graph", action="store_true", help="decode greedy requests with DecodeGraph (a static cache "
