@@ -62,7 +62,11 @@ def test_a_failing_host_job_raises_in_the_step_and_restore_still_works(monkeypat
     model, rt = _offload("olmoe", miss="cpu")
     greedy(model)
 
+    compute = rt.host.compute
+
     def broken(*args):
+        if args[4].shape[0] > 1:  # a prompt's host experts (computed inline): only the decode relay's jobs fail
+            return compute(*args)
         raise ValueError("host expert failed")
 
     monkeypatch.setattr(rt.host, "compute", broken)

@@ -31,7 +31,7 @@ from seqmoe.arch.quant import QuantLayout
 from seqmoe.cache import LRUPolicy
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCY, MEASURED, OffloadConfig
 from seqmoe.errors import UserError
-from seqmoe.host_cost import has_host_path, host_expert_time_s
+from seqmoe.host_cost import has_host_path, host_expert_time_s, prompt_costs
 from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
 from seqmoe.manager.miss_paths import check_twin
 from seqmoe.manager.placement import capacity_for_bytes
@@ -294,6 +294,8 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         controller = Controller(plan.system, L, E, K, plan.meta, record=cfg.record_trace)
         controller.pregate = plan.pregate
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
+        if host is not None:  # a prompt's misses split between the link and the host by this cost model
+            host.prompt = prompt_costs(mp, hw)
         worker = CopyWorker(pool)
         undo.push(worker.close)
         controller.attach(manager, pool, worker)

@@ -44,10 +44,13 @@ whole pool with the routed ids replaced by slot numbers."""
 class Counts:
     """What the experts module of one layer did, and the seconds it spent (hot path: plain slots)."""
 
-    __slots__ = ("host_s", "gather_s", "slot_calls", "gather_calls", "posted_calls", "row_version", "row_start")
+    __slots__ = ("host_s", "gather_s", "slot_calls", "gather_calls", "posted_calls", "row_version", "row_start",
+                 "prompt_calls", "prompt_host", "prompt_link")
 
     def __init__(self) -> None:
         self.host_s, self.gather_s, self.slot_calls, self.gather_calls, self.posted_calls = 0.0, 0.0, 0, 0, 0
+        # prompt calls whose missing experts were split; of those experts, computed on the host / read over the link
+        self.prompt_calls, self.prompt_host, self.prompt_link = 0, 0, 0
         self.row_version, self.row_start = -1, -1  # table version checked; first slot of an in-order layer, or -1
 
 

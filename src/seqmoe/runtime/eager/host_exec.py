@@ -13,6 +13,10 @@ One thread: at batch 1 an expert is a pass over its weights at the host's memory
 torch's own intra-op threads already use (`benchmarks/host_expert.py`); a second host expert at once
 would not finish either sooner. With the benchmark's emulated link the worker also sleeps the cost
 model's host time per expert (`seqmoe.host_cost`), as the link sleeps a copy time.
+
+A call of many rows (a prompt, a batch) computes each expert on the rows routed to it only, one
+routing column each (the same products, summed into zeros: exact), not on every row at weight 0;
+its emulated time is the caller's (`PromptCosts.host_s`: it grows with the rows).
 Where it sits in a decode step: docs/decode.md.
 """
 
@@ -34,6 +38,7 @@ class HostExecutor:
 
     def __init__(self, emulated_s: float = 0.0) -> None:
         self.emulated_s = emulated_s
+        self.prompt = None  # seqmoe.host_cost.PromptCosts: how a prompt splits its misses (set by offload)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqmoe-host")
         self.experts = 0  # experts computed here so far
 
@@ -44,29 +49,39 @@ class HostExecutor:
         return copy.copy(original)
 
     def submit(self, clone: torch.nn.Module, layout, host_rows: torch.Tensor, ids: list[int],
-               hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> Future:
+               hidden_states: torch.Tensor, index: torch.Tensor, weights: torch.Tensor,
+               emulated_s: float | None = None) -> Future:
         """Compute experts `ids` (of `host_rows`, the layer's [E, P] host block) for the routed `index`
         with `weights` on `clone` (`HostExecutor.clone`); a future of their summed output (on the host,
-        in `hidden_states`' dtype)."""
+        in `hidden_states`' dtype). `emulated_s`: the emulated time of the whole call (default: `emulated_s` per expert)."""
         x, idx, w = hidden_states.cpu(), index.cpu(), weights.cpu()
-        return self._pool.submit(self.compute, clone, layout, host_rows, ids, x, idx, w)
+        return self._pool.submit(self.compute, clone, layout, host_rows, ids, x, idx, w, emulated_s)
 
     def call(self, fn, *args) -> Future:
         """Run `fn(*args)` on the worker thread, after the work handed over before it."""
         return self._pool.submit(fn, *args)
 
-    def compute(self, clone, layout, host_rows, ids, x, idx, w) -> torch.Tensor:
+    def compute(self, clone, layout, host_rows, ids, x, idx, w, emulated_s: float | None = None) -> torch.Tensor:
         """`submit`'s work, on the calling thread (the worker's): host tensors in, their sum out."""
         t0 = time.perf_counter()
         state, forward, out = clone.__dict__, type(clone).forward, None
         state["num_experts"] = 1
+        many = x.shape[0] > 1
         with torch.no_grad():
             for e in ids:
                 state.update(layout.views(host_rows[e:e + 1]))  # a view of the host row: no copy
-                one = forward(clone, x, torch.zeros_like(idx), torch.where(idx == e, w, 0))
-                out = one if out is None else out + one
+                if not many:  # one row: every slot, the others at weight 0
+                    one = forward(clone, x, torch.zeros_like(idx), torch.where(idx == e, w, 0))
+                    out = one if out is None else out + one
+                    continue
+                out = torch.zeros_like(x) if out is None else out
+                rows, col = torch.nonzero(idx == e, as_tuple=True)  # the rows routed to e, each once (top-k ids differ)
+                if len(rows):
+                    one = forward(clone, x[rows], torch.zeros_like(idx[rows, :1]), w[rows, col].unsqueeze(1))
+                    out.index_add_(0, rows, one)
         if self.emulated_s:
-            time.sleep(max(0.0, len(ids) * self.emulated_s - (time.perf_counter() - t0)))
+            want = len(ids) * self.emulated_s if emulated_s is None else emulated_s
+            time.sleep(max(0.0, want - (time.perf_counter() - t0)))
         self.experts += len(ids)
         return out
 
