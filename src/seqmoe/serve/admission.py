@@ -21,18 +21,13 @@ Admission only reorders requests; it never changes a request's tokens.
 
 from __future__ import annotations
 
-import inspect
 import time
 
 import numpy as np
 import torch
 
 from seqmoe.errors import UserError
-from seqmoe.sim.lockstep import ADMISSIONS, CANDIDATES, lockstep
-
-MAX_SKIPS: int = inspect.signature(lockstep).parameters["max_skips"].default
-"""Times in a row the head of the queue may be passed over: the simulator's bound (its one home is
-`lockstep`'s default)."""
+from seqmoe.sim.lockstep import ADMISSIONS, CANDIDATES, MAX_SKIPS
 
 __all__ = ["ADMISSIONS", "CANDIDATES", "MAX_SKIPS", "Admission", "overlap_choice"]
 

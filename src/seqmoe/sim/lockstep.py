@@ -60,9 +60,11 @@ ADMISSIONS = ("fifo", "overlap")
 with the running batch's (`lockstep`)."""
 CANDIDATES = 16
 """Requests at the head of the queue the overlap rule chooses among."""
+MAX_SKIPS = 4
+"""Times in a row the head of the queue may be passed over (the fairness bound of `overlap`)."""
 
 
-def lockstep(trace: RoutingTrace, batch: int, admission: str = "fifo", max_skips: int = 4) -> Lockstep:
+def lockstep(trace: RoutingTrace, batch: int, admission: str = "fifo", max_skips: int = MAX_SKIPS) -> Lockstep:
     """The lockstep schedule of `trace` at `batch` lanes: lanes take requests as they free (lowest
     lane first); a request's tokens run one per step; a lane whose request ended takes the next one
     at the next step.
