@@ -116,7 +116,7 @@ def test_bad_prompt_lengths_and_profiles_are_refused():
     with pytest.raises(UserError, match="device_flops_per_s"):
         prefill_costs(_model(trace), _hardware(device_flops_per_s=None))
     with pytest.raises(UserError, match="host"):
-        prefill_time(rows, rows > 0, prefill_costs(_model(trace), _hardware(host_flops_per_s=None)), "cpu", 64)
+        prefill_time(rows, rows > 0, prefill_costs(_model(trace), _hardware(host_cores=None, host_memory_bytes_per_s=None)), "cpu", 64)
     for field, value in (("compute_efficiency", 0.0), ("compute_efficiency", 1.5), ("device_flops_per_s", -1.0)):
         with pytest.raises(UserError, match=field):
             _hardware(**{field: value})

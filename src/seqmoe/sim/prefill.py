@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqmoe.errors import UserError
-from seqmoe.host_cost import has_host_path, host_expert_bytes_per_s
+from seqmoe.host_cost import has_host_path, host_expert_bytes_per_s, host_flops_per_s
 from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s
 
 
@@ -89,9 +89,9 @@ def prefill_costs(model: ModelProfile, hw: HardwareProfile) -> PrefillCosts:
                         "priced: add device_flops_per_s (and compute_efficiency) to the profile")
     f = 2.0 * (model.expert_params or model.expert_bytes // 2)
     host = {}
-    if has_host_path(hw) and hw.host_flops_per_s is not None:
+    if has_host_path(hw):  # the runtime's rule for a host without a FLOP rate (`host_flops_per_s`)
         host = dict(host_alpha_s=hw.copy_overhead_s, host_read_s=model.expert_bytes / host_expert_bytes_per_s(hw),
-                    host_row_s=f / hw.host_flops_per_s)
+                    host_row_s=f / host_flops_per_s(hw))
     return PrefillCosts(rate=hw.hbm_efficiency * hw.hbm_bytes_per_s, flops=hw.compute_efficiency * hw.device_flops_per_s,
                         copy_s=copy_time_s(model, hw), expert_bytes=model.expert_bytes, expert_flops=f,
                         layer_bytes=model.layer_bytes, layer_flops=model.layer_flops, token_bytes=model.token_bytes,
@@ -145,7 +145,7 @@ def prefill_time(rows: np.ndarray, resident: np.ndarray, costs: PrefillCosts, mi
     if miss not in ("copy", "in-place", "cpu", "auto"):
         raise UserError(f"unknown miss path {miss!r} for a prompt: copy, in-place, cpu or auto")
     if miss == "cpu" and not costs.has_host:
-        raise UserError("the cpu miss path needs a host CPU with host_flops_per_s in the hardware profile")
+        raise UserError("the cpu miss path needs a host CPU in the hardware profile (host_cores, host_memory_bytes_per_s)")
     total, transfers, on_host = 0.0, 0, 0
     for l in range(rows.shape[0]):
         used = rows[l] > 0
