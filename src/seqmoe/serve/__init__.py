@@ -1,6 +1,6 @@
 """`seqmoe serve`: an OpenAI-compatible HTTP server for an offloaded MoE model.
 
-    HTTP handlers (api) ──► FIFO of jobs ──► Engine thread (engine) ──► offloaded model (seqmoe.runtime)
+    HTTP handlers (api) ──► queue of jobs (--admission) ──► Engine thread (engine) ──► offloaded model (seqmoe.runtime)
           ▲                                        │
           └──── text deltas, finish, usage ◄───────┘
 
