@@ -15,14 +15,12 @@ import sys
 import time
 from pathlib import Path
 
-from puffin_split import add_shared_flag, puffin_split
+from puffin_split import add_shared_flag, deepseek_or_tiny
 
 from seqmoe.config import DEFAULT_HARDWARE, SimConfig
 from seqmoe.report.table import write_jsonl
 from seqmoe.sim.run import load_workload, run_one
-from seqmoe.trace.io import load_trace
 
-TINY = Path(__file__).resolve().parents[1] / "src/seqmoe/data"
 COLUMNS = (("tokens_per_s", "tokens/s", "{:.0f}"), ("full_load_tokens_per_s", "full load tokens/s", "{:.0f}"),
            ("time_per_step_s", "ms/step", "{:.3f}"), ("hit_rate", "hit", "{:.3f}"),
            ("paths_bound_fraction", "paths bound fraction", "{:.3f}"))
@@ -42,12 +40,7 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="seqmoe-tiny's shipped routing even when ../shared is there")
     p.add_argument("--out", default="results/batch-sim.jsonl")
     args = p.parse_args()
-    split = None if args.tiny else puffin_split(args.shared)
-    if split is None:
-        train, test = load_trace(TINY / "seqmoe-tiny-train.safetensors"), load_trace(TINY / "seqmoe-tiny-test.safetensors")
-        profile, name = "seqmoe-tiny", "seqmoe-tiny"
-    else:
-        (train, test), profile, name = split, "deepseek-v2-lite", "DeepSeek-V2-Lite"
+    (train, test), profile, name = deepseek_or_tiny(args.shared, args.tiny)
     base = SimConfig(trace=name, train=name, model_profile=profile, hardware=args.hardware, residency=args.residency,
                      miss=args.miss, predictor=args.predictor, max_tokens=args.max_tokens or None)
     w = load_workload(base, train=train, test=test.head(args.max_tokens) if args.max_tokens else test)

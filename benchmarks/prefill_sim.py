@@ -20,15 +20,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from puffin_split import add_shared_flag, puffin_split
+from puffin_split import add_shared_flag, deepseek_or_tiny
 
 from seqmoe.config import DEFAULT_HARDWARE, SimConfig
 from seqmoe.report.table import write_jsonl
 from seqmoe.sim.prefill import full_load_time, prefill_costs, prefill_time, prompt_rows, prompt_starts
 from seqmoe.sim.run import load_workload, run_one
-from seqmoe.trace.io import load_trace
 
-TINY = Path(__file__).resolve().parents[1] / "src/seqmoe/data"
 COLUMNS = (("ttft_s", "TTFT ms", 1e3), ("ttft_p90_s", "p90 ms", 1e3), ("full_load_ttft_s", "full load ms", 1e3),
            ("vs_full_load", "x full load", 1), ("bound_ttft_s", "bound ms", 1e3), ("cold_ttft_s", "cold pool ms", 1e3),
            ("resident_share", "resident share", 1), ("transfers", "transfers", 1), ("host_experts", "host experts", 1))
@@ -46,12 +44,7 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="seqmoe-tiny's shipped routing even when ../shared is there")
     p.add_argument("--out", default="results/prefill-sim.jsonl")
     args = p.parse_args()
-    split = None if args.tiny else puffin_split(args.shared)
-    if split is None:
-        train, test = load_trace(TINY / "seqmoe-tiny-train.safetensors"), load_trace(TINY / "seqmoe-tiny-test.safetensors")
-        profile, name = "seqmoe-tiny", "seqmoe-tiny"
-    else:
-        (train, test), profile, name = split, "deepseek-v2-lite", "DeepSeek-V2-Lite"
+    (train, test), profile, name = deepseek_or_tiny(args.shared, args.tiny)
     lengths = tuple(int(n) for n in args.prompt_lengths.split(","))
     base = SimConfig(trace=name, train=name, model_profile=profile, hardware=args.hardware, residency=args.residency,
                      predictor=args.predictor)

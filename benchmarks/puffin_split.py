@@ -42,3 +42,14 @@ def _split(folder: Path, test_requests: int, name: str):
     trace = load_trace(folder)
     R = trace.num_requests
     return trace.select_requests(np.arange(R - test_requests)), trace.select_requests(np.arange(R - test_requests, R))
+
+
+def deepseek_or_tiny(shared: str | Path, tiny: bool):
+    """((train, test), model profile, trace name): DeepSeek-V2-Lite's Puffin split when `shared` holds
+    it and `tiny` is off, else seqmoe-tiny's shipped routing."""
+    split = None if tiny else puffin_split(shared)
+    if split is None:
+        data = Path(__file__).resolve().parents[1] / "src/seqmoe/data"
+        traces = tuple(load_trace(data / f"seqmoe-tiny-{part}.safetensors") for part in ("train", "test"))
+        return traces, "seqmoe-tiny", "seqmoe-tiny"
+    return split, "deepseek-v2-lite", "DeepSeek-V2-Lite"

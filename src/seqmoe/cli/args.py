@@ -88,6 +88,17 @@ def floats(text: str, what: str) -> list[float]:
     return out
 
 
+def prompt_lengths(text: str) -> tuple[int, ...]:
+    """`--prompt-lengths`: comma-separated positive ints (empty: none)."""
+    try:
+        got = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
+    if any(n < 1 for n in got):
+        raise argparse.ArgumentTypeError(f"a prompt has at least 1 token, got {text!r}")
+    return got
+
+
 def progress(args) -> bool:
     """Show progress bars: not turned off, and stderr is a terminal."""
     return not getattr(args, "no_progress", False) and sys.stderr.isatty()

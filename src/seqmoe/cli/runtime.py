@@ -20,7 +20,7 @@ import sys
 import time
 
 from seqmoe.bench import check_bench
-from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress
+from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
 from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, OffloadConfig, check_live_system
 from seqmoe.errors import UserError
 from seqmoe.manager.placement import check_residency
@@ -71,7 +71,7 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     b.add_argument("--systems", default=",".join(COMPARED_SYSTEMS),
                    help=f"comma-separated systems (default: {','.join(COMPARED_SYSTEMS)})")
     b.add_argument("--new-tokens", type=int, default=32, help="tokens generated per prompt (default: 32)")
-    b.add_argument("--prompt-lengths", type=_lengths, default=(512, 2048), metavar="N,N",
+    b.add_argument("--prompt-lengths", type=prompt_lengths, default=(512, 2048), metavar="N,N",
                    help="also time the first token of prompts this long (seeded ids; timing only, so they may exceed "
                    "the model's context), full load and offloaded; empty: skip (default: 512,2048)")
     b.add_argument("--repeats", type=int, default=2, help="passes over the prompts per run; the fastest counts (default: 2)")
@@ -193,14 +193,3 @@ def run_bench(args) -> int:
         with open(args.out, "a") as f:
             f.write(line + "\n")
     return 0
-
-
-def _lengths(text: str) -> tuple[int, ...]:
-    """`--prompt-lengths`: comma-separated positive ints (empty: none)."""
-    try:
-        got = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
-    if any(n < 1 for n in got):
-        raise argparse.ArgumentTypeError(f"a prompt has at least 1 token, got {text!r}")
-    return got

@@ -14,7 +14,7 @@ import json
 import shlex
 import sys
 
-from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress
+from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import ROLES, SYSTEMS, baselines, systems_with
@@ -24,17 +24,6 @@ from seqmoe.report.table import format_table, read_jsonl, write_jsonl
 from seqmoe.sim.run import load_workload, run_one, run_sweep
 
 _RESIDENCIES = ",".join(map(str, DEFAULT_RESIDENCIES))
-
-
-def _lengths(text: str) -> tuple[int, ...]:
-    """`--prompt-lengths`: comma-separated positive ints (empty: none)."""
-    try:
-        got = tuple(int(x) for x in text.split(",") if x.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated token counts, got {text!r}") from None
-    if any(n < 1 for n in got):
-        raise argparse.ArgumentTypeError(f"a prompt has at least 1 position, got {text!r}")
-    return got
 
 
 def _names(text: str) -> list[str]:
@@ -126,7 +115,7 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
                          "--hardware, with --system managing a pool of floor(residency x L x E) expert slots.")
     add_config_flags(sim, SimConfig)
     sim.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
-    sim.add_argument("--prompt-lengths", type=_lengths, default=(), metavar="N,N",
+    sim.add_argument("--prompt-lengths", type=prompt_lengths, default=(), metavar="N,N",
                      help="also the time to first token of prompts of these many positions, from each system's pool "
                      "at every request start (docs/DESIGN.md, prefill extension; batch 1; default: none)")
     sim.add_argument("--out", help="also write the result row to this JSONL file")
