@@ -46,13 +46,11 @@ def test_train_trace_of_another_shape_is_rejected():
         offload(fresh("mixtral"), 0.5, "affinity-style", train=reference("qwen2_moe").train)
 
 
-def test_offloading_twice_and_batches_under_thread_control_are_rejected():
+def test_offloading_twice_is_rejected():
     model = fresh("olmoe")
     rt = offload(model, 0.5, control="thread")
     with pytest.raises(UserError, match="already offloaded"):
         offload(model, 0.5)
-    with pytest.raises(UserError, match="control='inline'"):
-        model(torch.tensor([[1, 2, 3], [1, 4, 5]]))
     greedy(model)  # still usable after a rejected call
     rt.restore()
 

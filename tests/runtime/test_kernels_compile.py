@@ -50,8 +50,8 @@ def test_the_gather_and_mailbox_kernels_compile_for_sm90():
     _ptx(k["gather"], "pool:*bf16 host:*bf16 slots:*i32 ids:*i64 out:*bf16 P:i32", {"BLOCK": 1024})
     _ptx(k["gather"], "pool:*u8 host:*u8 slots:*i32 ids:*i64 out:*u8 P:i32", {"BLOCK": 1024})  # quantized rows
     post = _ptx(k["post"], "ids:*i64 weights:*fp32 token:*i64 posts:*i64 box_ids:*i32 box_w:*fp32 box_tok:*i64 "
-                "box_seq:*i64 snap:*i64 version:*i64 acked:*i64 layer:i32 L:i32 R:i32 K:i32",
-                {"HAS_TOKEN": True, "HAS_FENCE": True, "BK": 8})
+                "box_seq:*i64 snap:*i64 version:*i64 acked:*i64 layer:i32 L:i32 R:i32 N:i32 W:i32 NT:i32 TW:i32",
+                {"HAS_TOKEN": True, "HAS_FENCE": True, "BK": 32, "BT": 4})  # a step of 4 rows of K = 8
     assert "atom.global.sys.release.exch" in post
 
 
