@@ -141,3 +141,27 @@ def test_a_batch_is_refused_where_only_one_sequence_is_served():
         generate_batch(model)
     assert torch.equal(generate_batch(model, PROMPTS[:1]), generate_batch(ref.model, PROMPTS[:1]))  # usable at once
     rt.restore()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_captured_batched_step_generates_like_the_full_model_on_cuda():
+    """DecodeGraph's B-row step captured as a CUDA graph on the posted engine: each row's tokens are
+    the full model's batch (batched_mm: grouped_mm in fp32 cannot be captured)."""
+    import copy
+
+    from seqmoe.runtime import DecodeGraph
+
+    ref = reference("olmoe")
+    full = copy.deepcopy(ref.model).to("cuda")
+    full.config._experts_implementation = "batched_mm"
+    ids, mask = (t.to("cuda") for t in _padded(PROMPTS))
+    want = full.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, do_sample=False,
+                         pad_token_id=0)[:, ids.shape[1]:]
+    model = fresh("olmoe")
+    model.config._experts_implementation = "batched_mm"
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, device="cuda")
+    dg = DecodeGraph(rt, 32)
+    got = dg.generate(ids, NEW_TOKENS, attention_mask=mask)[:, ids.shape[1]:]
+    assert dg.graph is not None and torch.equal(got, want)
+    rt.restore()
