@@ -9,11 +9,16 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """`seqmoe.offload` and `seqmoe.quantize_experts` import the runtime (and torch) on first use only."""
+    """`seqmoe.offload`, `seqmoe.load` and `seqmoe.quantize_experts` import the runtime (and torch) on
+    first use only."""
     if name == "offload":
         from seqmoe.runtime import offload
 
         return offload
+    if name == "load":
+        from seqmoe.disk.load import load
+
+        return load
     if name == "quantize_experts":
         from seqmoe.arch.quant import quantize_experts
 

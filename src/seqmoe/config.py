@@ -26,7 +26,9 @@ from seqmoe.model_dirs import DTYPES, resolve_model_dir
 from seqmoe.precision import check_precision, parse_bytes
 from seqmoe.predict.drafters import check_draft
 from seqmoe.sim.lockstep import ADMISSIONS
-from seqmoe.profiles import HardwareProfile, get_hardware_profile
+from seqmoe.profiles import HardwareProfile, get_hardware_profile, get_model_profile
+from seqmoe.disk.sim import host_rows
+from seqmoe.disk.tier import POLICIES as HOST_POLICIES
 from seqmoe.rerouting import ROUTINGS, check_routing
 
 DEFAULT_SYSTEM = "on-demand-lru"
@@ -119,6 +121,14 @@ class SimConfig:
     times; `seqmoe.sim.lockstep`)."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
+    host_memory: str | None = field(default=None, metadata={"metavar": "BYTES"})
+    """Host memory for expert rows, the rest of the experts on disk: a host cache of this many bytes
+    (or a size like 8GiB; rows of --expert-dtype's size) in front of the disk (the hardware profile
+    needs disk_bytes_per_s; batch 1); default: every expert in host memory."""
+    host_residency: float | None = None
+    """The host cache as a fraction of all experts, in (0, 1], instead of --host-memory."""
+    host_policy: str | None = None
+    """The host cache's policy: lru or forecast (default: forecast for systems with a predictor, else lru)."""
 
     def __post_init__(self) -> None:
         check_residency(self.residency)
@@ -140,6 +150,7 @@ class SimConfig:
         check_miss(self.miss)
         check_routing(self.routing, self.max_kl)
         check_twin(self.twin, self.twin_budget)
+        self.host_rows()
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
         if self.max_tokens is not None and self.max_tokens < 1:
@@ -154,8 +165,27 @@ class SimConfig:
                 raise UserError(f"system {self.system!r} learns from a training trace, which --online replays "
                                 "without; choose one that learns nothing or a seqmoe system")
 
+    def host_rows(self) -> int | None:
+        """H, the host cache's rows (`seqmoe.disk.sim.host_rows`), checked with the options it
+        excludes; None without a disk tier."""
+        if self.host_memory is None and self.host_residency is None:
+            if self.host_policy is not None:
+                raise UserError("--host-policy needs a host cache: give --host-memory or --host-residency")
+            return None
+        if self.batch > 1 or self.twin is not None:
+            raise UserError("a disk tier (--host-memory, --host-residency) is modelled at batch 1 without twins: "
+                            "drop --batch and --twin")
+        if self.host_policy not in (None, *HOST_POLICIES):
+            raise UserError(f"--host-policy must be one of {', '.join(HOST_POLICIES)}, got {self.host_policy!r}")
+        model = get_model_profile(self.model_profile).at_precision(self.expert_dtype)
+        return host_rows(self.host_memory, self.host_residency, model, get_hardware_profile(self.hardware))
+
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        for k in ("host_memory", "host_residency", "host_policy"):  # absent without a disk tier: hashes stay
+            if d[k] is None:
+                del d[k]
+        return d
 
     def config_hash(self) -> str:
         """12 hex digits identifying this configuration (goes into every result)."""
@@ -198,6 +228,10 @@ class OffloadConfig:
     expert_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
     """Device memory for the expert pool instead of a residency: bytes, or a size like 12GiB or
     512MiB (C = the experts of the store's precision that fit); the residency it gives is reported."""
+    host_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
+    """Host memory for the routed experts, streamed from the checkpoint on disk: a host cache of this
+    many bytes of expert rows in front of the disk (seqmoe.load; generate and serve load that way);
+    default: every expert in host memory."""
     expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
     """Precision of the expert store: int8, int4 or fp8 (groups of 64 weights with a float32 scale):
     every expert is quantized once at offload, and host rows, copies, slots and reads carry the
@@ -267,6 +301,11 @@ class OffloadConfig:
             if self.residency is not None:
                 raise UserError("give a residency or an expert memory budget, not both")
         check_precision(self.expert_dtype)
+        if self.host_memory is not None:
+            parse_bytes(self.host_memory, "host_memory")
+            if self.twin is not None or self.control == "thread" or self.expert_dtype is not None:
+                raise UserError("experts streamed from disk (host_memory) run with inline control, without twins, "
+                                "at the checkpoint's precision: drop --control thread, --twin and --expert-dtype")
         check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
                           replay=self.replay is not None)
         if self.miss is not None:
@@ -302,8 +341,10 @@ class OffloadConfig:
         return dataclasses.replace(self, control="thread")
 
     def control_on(self, device_type: str) -> str:
-        """Where the control plane runs on a device of `device_type` (inline for the twin miss path)."""
-        return self.control or ("thread" if device_type == "cuda" and self.twin is None else "inline")
+        """Where the control plane runs on a device of `device_type` (inline for the twin miss path and
+        a disk tier: a posted step reads host rows in place, which a disk tier cannot promise)."""
+        posted = device_type == "cuda" and self.twin is None and self.host_memory is None
+        return self.control or ("thread" if posted else "inline")
 
     def miss_with(self, control: str) -> str:
         """How misses are served under `control`. By default auto where the host reads each layer's

@@ -25,12 +25,18 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqmoe.errors import UserError
+
 POLICIES = ("lru", "forecast")
 RATE_WEIGHT = 1 / 64
 """Moving-average weight of one token in an expert's use rate (about 64 tokens' memory)."""
 AHEAD_P = 0.3
 """Least forecast probability of a read ahead (below it, a read ahead is more often wasted than used)."""
 _EPS = 1e-6
+
+
+class NoFreeRow(RuntimeError):
+    """Every row of the host cache is busy (being read or used): nothing can be evicted now."""
 
 
 def host_policy(system) -> str:
@@ -106,7 +112,7 @@ class HostTier:
         if row < 0:
             old = self.victim(busy)
             if old < 0:
-                raise RuntimeError("every host row is in use: the host cache is smaller than one layer's experts")
+                raise NoFreeRow("every host row is being read or used")
             row = int(self.row_of[old])
             self.row_of[old] = -1
             self.ahead[old] = False
@@ -185,3 +191,13 @@ class HostTier:
             self.owner[row] = -1
             self.row_of[uid] = -1
             self.ahead[uid] = False
+
+
+def host_rows_for(budget: int, expert_bytes: int, num_layers: int, num_experts: int, top_k: int, what: str) -> int:
+    """H: the expert rows `budget` bytes of host memory hold (at most L x E); UserError when fewer
+    than two layers' K experts (one layer's being computed while the next one's are read)."""
+    rows = min(budget // expert_bytes, num_layers * num_experts)
+    if rows < 2 * top_k:
+        raise UserError(f"{what} holds {rows} experts of {expert_bytes:,} bytes; the host cache needs at least "
+                        f"{2 * top_k} (two layers' routed experts): give at least {2 * top_k * expert_bytes:,} bytes")
+    return int(rows)

@@ -38,12 +38,12 @@ def given_forecaster(predictor, L: int, E: int, K: int):
     return predictor
 
 
-def online_forecaster_for(model, originals, L: int, E: int, K: int) -> tuple[OnlineForecaster, tuple, Path]:
+def online_forecaster_for(model, originals, L: int, E: int, K: int, first=None) -> tuple[OnlineForecaster, tuple, Path]:
     """The forecaster a `seqmoe*` system learns online when given none: from the one this model learned
     before (`$SEQMOE_CACHE`) when there is one, else new; the prior it starts from (`cold_prior`, with the
     cached use rates); its folder."""
     config = online_config(L, E, K)
-    folder = online_dir(model_key(model, originals))
+    folder = online_dir(model_key(model, originals, first))
     cached = load_online(folder, config)
     if cached is None:
         return OnlineForecaster(config, None), cold_prior(L, E, K), folder
@@ -52,12 +52,15 @@ def online_forecaster_for(model, originals, L: int, E: int, K: int) -> tuple[Onl
     return fc, cold_prior(L, E, K, np.asarray(info["use_rate"], dtype=np.float64)), folder
 
 
-def model_key(model, originals) -> str:
+def model_key(model, originals, first=None) -> str:
     """16 hex digits identifying a model: its config (names and paths left out) and a sample of the
-    first expert's weights of every MoE layer."""
+    first expert's weights of every MoE layer (`first(l)`: {name: expert 0's slice} of MoE layer l,
+    for experts still on disk; default: read from the parameters)."""
     conf = {k: v for k, v in model.config.to_dict().items() if not k.startswith("_") and k != "transformers_version"}
     h = hashlib.sha256(json.dumps(conf, sort_keys=True, default=str).encode())
-    for x in originals:
-        for p in x.parameters():
-            h.update(p.detach()[0].reshape(-1)[::97][:4096].float().cpu().numpy().tobytes())
+    for l, x in enumerate(originals):
+        given = None if first is None else first(l)
+        for name, p in x.named_parameters():
+            w = p.detach()[0] if given is None else given[name]
+            h.update(w.reshape(-1)[::97][:4096].float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]

@@ -25,12 +25,14 @@ from seqmoe.predict.online import forecaster_stats
 from seqmoe.runtime.core.signals import deferred_interrupts, shield_off
 from seqmoe.trace.schema import RoutingTrace
 
-def _shutdown(thread, worker, host, learner) -> None:
-    """Stop the runtime's threads and its learner (finalizer: the runtime and its model are gone, or the
-    process exits)."""
+def _shutdown(thread, worker, host, learner, cache) -> None:
+    """Stop the runtime's threads, its learner and its disk reads (finalizer: the runtime and its model
+    are gone, or the process exits)."""
     if thread is not None:
         thread.close()
     worker.close()
+    if cache is not None:
+        cache.close()
     if host is not None:
         host.close()
     if learner is not None:
@@ -53,7 +55,7 @@ class OffloadRuntime:
         self.closed = self._restored = False
         self.host = host  # the `HostExecutor`, when misses may be computed on the host CPU
         self.twins = twins  # the `TwinStore` of the twin miss path, or None
-        self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker, host, learner)
+        self._finalizer = weakref.finalize(self, _shutdown, controller.thread, worker, host, learner, pool.cache)
         model._seqmoe_runtime = self  # the model keeps its runtime alive while it is offloaded
 
     @property
@@ -153,7 +155,8 @@ class OffloadRuntime:
     def close(self) -> None:
         """Stop the copy worker and the control thread and remove the hooks; the model keeps its
         offloaded experts but stops being managed (every expert then reads from wherever its table
-        entry points). A control-thread error is raised after everything is shut down."""
+        entry points; experts streamed from disk are read no more). A control-thread error is raised
+        after everything is shut down."""
         if self.closed:
             return
         error = None
@@ -179,6 +182,9 @@ class OffloadRuntime:
         """`close()`, then put the original experts modules back with their weights on the pool's device."""
         if self._restored:
             return
+        if self.pool.cache is not None:
+            raise UserError("this model's experts stream from its checkpoint on disk and never were in memory: "
+                            "restore() cannot give them back; call close(), or load the model whole")
         error = None
         try:
             self.close()

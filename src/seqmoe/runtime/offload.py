@@ -61,6 +61,7 @@ from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
 from seqmoe.predict.learner import ProcessLearner
 from seqmoe.predict.online import NoLearner, OnlineForecaster
 from seqmoe.runtime.forecasters import given_forecaster, online_forecaster_for
+from seqmoe.disk.plan import DiskPlan, plan_disk
 from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.core.signals import shield_off, shield_on
 from seqmoe.trace.io import load_trace
@@ -106,7 +107,7 @@ _GIVEN = object()
 
 
 def offload(model, residency: float = _GIVEN, system: str = _GIVEN, *, config: OffloadConfig | None = None,
-            **options) -> OffloadRuntime:
+            source=None, **options) -> OffloadRuntime:
     """Offload the routed experts of `model` (a transformers MoE causal LM) to a pool of C device slots.
 
     Args:
@@ -114,12 +115,14 @@ def offload(model, residency: float = _GIVEN, system: str = _GIVEN, *, config: O
         residency, system: `OffloadConfig.residency` and `.system`, the two options most runs set.
         config: every option, with its default (`seqmoe.config.OffloadConfig`; each field's docstring
             says what it does).
+        source: the checkpoint the routed experts stream from (`seqmoe.disk.checkpoint.ExpertFiles`;
+            `seqmoe.load` passes it for a model whose experts were never read), or None: from memory.
         **options: fields of the configuration to set, e.g. `miss="auto"`, `control="thread"`,
             `train=trace`, `predictor="ckpt/"`, `hardware="measured"`, `routing="cache-aware", max_kl=0.02`.
     """
     given = {k: v for k, v in (("residency", residency), ("system", system)) if v is not _GIVEN} | options
     cfg = dataclasses.replace(config, **given) if config is not None else OffloadConfig(**given)
-    plan = _plan(model, cfg)
+    plan = _plan(model, cfg, source)
     return _assemble(model, plan, cfg)
 
 
@@ -143,9 +146,11 @@ class _Plan:
     """The live pre-gate rows the system reads (the router hooks note their inputs), or None."""
     online: Path | None
     """Where the forecaster learned online is kept (`predict.checkpoints.online_dir`), or None: none is learned."""
+    disk: DiskPlan | None = None
+    """The disk tier (experts streamed from the checkpoint), or None: every expert in host memory."""
 
 
-def _plan(model, cfg: OffloadConfig) -> _Plan:
+def _plan(model, cfg: OffloadConfig, source=None) -> _Plan:
     """What `cfg` means for `model`: its traces and forecaster loaded, the model and the device's free
     memory checked; UserError before anything changes."""
     arch = model_arch(model)
@@ -166,17 +171,22 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
     layouts = [arch.layout(x) for x in originals]
     if len(set(layouts)) > 1:
         raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
+    disk = plan_disk(source, cfg, layouts[0], L, E, K)
     if cfg.expert_dtype is not None:
         layouts = [QuantLayout.of(x, cfg.expert_dtype) for x in layouts]
-    device = resolve_device(cfg.device, next(p.device for p in originals[0].parameters()))
-    control = cfg.control_on(device.type)
+    home = next(p.device for p in originals[0].parameters())
+    device = resolve_device(cfg.device, torch.device("cpu") if home.type == "meta" else home)  # meta: on disk
+    control = cfg.control_on(device.type) if disk is None else cfg.control or "inline"
+    if disk is not None and control == "thread":  # a posted step reads host rows in place: a disk tier cannot promise them
+        raise UserError("experts streamed from disk run with control='inline'")
     C = _capacity(cfg, model, originals, device, layouts[0].expert_bytes, L, E, K)
     if device.type == "cuda":
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
     start = start_placement(train, C) if train is not None else []
     predictor, prior, online = None, None, None
     if spec.needs_predictor and cfg.predictor is None and not spec.needs_pregate:
-        predictor, prior, online = online_forecaster_for(model, originals, L, E, K)
+        predictor, prior, online = online_forecaster_for(model, originals, L, E, K,
+                                                         None if disk is None else disk.first_expert)
         if train is None:  # what the cached forecaster saw sets the start placement
             start = [int(u) for u in np.argsort(-prior[0], kind="stable")[:C]] if predictor.source == "cache" else []
         else:
@@ -221,7 +231,7 @@ def _plan(model, cfg: OffloadConfig) -> _Plan:
                      extra={"architecture": getattr(model.config, "model_type", "unknown"), "family": arch.family.name,
                             "moe_layers": [m.layer_index for m in layers], "mode": "runtime",
                             "system": cfg.system, "capacity": C})
-    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, pregate, online)
+    return _Plan(arch, originals, layouts, device, control, C, sys_obj, start, hw, measure, meta, pregate, online, disk)
 
 
 def _capacity(cfg: OffloadConfig, model, originals, device: torch.device, expert_bytes: int, L: int, E: int,
@@ -269,7 +279,10 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         twin = plan.system.twin
         twins = None if twin is None else TwinStore.pack(
             originals, QuantLayout.of(getattr(layout, "base", layout), twin.precision), device)
-        hosts, kept = _pack(originals, layout, device, undo)
+        if plan.disk is None:
+            hosts, kept = _pack(originals, layout, device, undo)
+        else:  # the rows come from disk through a host cache: nothing to pack
+            hosts, kept = plan.disk.open(plan.system, layout, device, undo), _strip(originals, layout, undo)
         move_model(model, device, undo)  # the dense remainder only: the routed experts are already out
         mp = measure_profile(model, arch, layout)
         if twins is not None and emulate_link:
@@ -293,7 +306,8 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
             undo.push(learner.close)
         controller = Controller(plan.system, L, E, K, plan.meta, record=cfg.record_trace)
         controller.pregate = plan.pregate
-        manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start, observer=controller)
+        manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start,
+                                observer=controller if plan.disk is None else plan.disk.observer(controller))
         if host is not None:  # a prompt's misses split between the link and the host by this cost model
             host.prompt = prompt_costs(mp, hw)
         worker = CopyWorker(pool)
@@ -358,6 +372,17 @@ def _pack(originals, layout: ExpertLayout | QuantLayout, device: torch.device, u
         hosts.append(host)
         kept.append(params)
     return hosts, kept
+
+
+def _strip(originals, layout: ExpertLayout, undo: Undo) -> list:
+    """The routed parameters of a model whose experts stay on disk (never materialised) taken out,
+    put back as they were if a later step fails."""
+    kept = []
+    for x in originals:
+        params = layout.strip(x)
+        undo.push(lambda x=x, params=params: [x.register_parameter(n, p) for n, p in params.items()])
+        kept.append(params)
+    return kept
 
 
 def _unpack(x, layout, host, home, params, data) -> None:

@@ -14,6 +14,7 @@ import heapq
 import threading
 import time
 
+from seqmoe.errors import UserError
 from seqmoe.runtime.core.pool import ExpertPool
 
 
@@ -97,6 +98,8 @@ class CopyWorker:
         time.sleep(self._link_free - now)
 
     def _check(self) -> None:
+        if isinstance(self._error, UserError):  # e.g. a checkpoint file changed on disk: said as it is
+            raise self._error
         if self._error is not None:
             raise RuntimeError(f"the expert copy worker failed: {self._error!r}") from self._error
 

@@ -86,7 +86,9 @@ class ExpertPool:
         table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.table_host = table.numpy()  # written by the host only
         self.table = device_view(table, device)  # the same memory, as the device reads it
-        self.hosts_device = [device_view(h, device) for h in hosts]
+        self.cache = getattr(hosts[0], "cache", None)  # a disk tier's host cache (`seqmoe.disk.cache`), or None
+        # The posted engine reads host rows in place on the device: there must be a block to map.
+        self.hosts_device = None if self.cache is not None else [device_view(h, device) for h in hosts]
         assigned = torch.zeros((self.num_layers, self.num_experts), dtype=torch.uint8, pin_memory=device.type == "cuda")
         self.assigned_host = assigned.numpy()  # 1: the expert holds a slot (maybe still being copied); host-written
         self.assigned = device_view(assigned, device)
@@ -119,6 +121,9 @@ class ExpertPool:
 
     @property
     def host_bytes(self) -> int:
+        """Bytes of host memory the experts occupy (the host cache's rows with a disk tier)."""
+        if self.cache is not None:
+            return self.cache.nbytes
         return sum(h.numel() * h.element_size() for h in self.hosts)
 
     def _split(self, uid: int) -> tuple[int, int]:
@@ -190,9 +195,23 @@ class ExpertPool:
         published. Thread mode: first waits until no read of the slot's previous owner can remain
         (or the copy went stale, or `stop()`)."""
         layer, e = self._split(uid)
-        src, dst = self.hosts[layer][e], self.pool[slot]
         if not self._await_readers(uid, slot, gen, stop):
             return False
+        if self.cache is None:
+            self._copy_in(self.hosts[layer][e], slot)
+        else:
+            with self.cache.hold(uid) as src:  # the row stays put until its copy is done
+                self._copy_in(src, slot)
+        with self._lock:
+            if self.gen[slot] != gen or self.owner[slot] != uid:
+                return False
+            self.loaded[slot] = True
+            self._publish(layer, e, slot)
+            return True
+
+    def _copy_in(self, src: torch.Tensor, slot: int) -> None:
+        """Copy host row `src` into `slot`, complete when this returns."""
+        dst = self.pool[slot]
         if self.device.type == "cuda":
             ev = self._released_at[slot]
             if ev is not None:
@@ -201,12 +220,6 @@ class ExpertPool:
             torch.cuda.current_stream().synchronize()
         else:
             dst.copy_(src)
-        with self._lock:
-            if self.gen[slot] != gen or self.owner[slot] != uid:
-                return False
-            self.loaded[slot] = True
-            self._publish(layer, e, slot)
-            return True
 
     def _await_readers(self, uid: int, slot: int, gen: int, stop: Callable[[], bool]) -> bool:
         token = self._reuse[slot]

@@ -1,0 +1,1 @@
+"""Experts streamed from the checkpoint on disk (issue 29)."""

@@ -1,0 +1,43 @@
+"""`seqmoe.load`: a checkpoint's MoE model run with its routed experts streamed from disk.
+
+    model, runtime = seqmoe.load("path/to/checkpoint", residency=0.1, host_memory="8GiB")
+    model.generate(input_ids, max_new_tokens=32)
+
+The model is built with its dense part read from the checkpoint and its routed experts never in
+memory (`skeleton.load_skeleton`); `offload` then runs it over a device pool of C slots and a host
+cache of `host_memory` bytes of expert rows in front of the checkpoint's files (`plan`, `cache`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from seqmoe.config import OffloadConfig
+
+
+def load(path, residency: float | None = None, *, host_memory=None, dtype=None, config: OffloadConfig | None = None,
+         **options):
+    """(model, runtime): the `*ForCausalLM` in the checkpoint folder `path`, its routed experts
+    streamed from disk through a host cache of `host_memory` bytes (default: room for all of them).
+
+    Args:
+        residency, host_memory, **options: fields of `seqmoe.config.OffloadConfig` (e.g. system=,
+            expert_memory=, miss=, device=); `config`: all of them at once.
+        dtype: the dense part's and the host rows' dtype (default: the checkpoint config's).
+    """
+    given = {k: v for k, v in (("residency", residency), ("host_memory", host_memory)) if v is not None} | options
+    cfg = dataclasses.replace(config, **given) if config is not None else OffloadConfig(**given)
+    from seqmoe.disk.skeleton import load_skeleton
+    from seqmoe.runtime.offload import offload
+
+    model, skeleton = load_skeleton(path, dtype)
+    files = skeleton.open_files()
+    try:
+        runtime = offload(model, config=cfg, source=files)
+    except BaseException:
+        files.close()
+        raise
+    return model, runtime
+
+
+__all__ = ["load"]
