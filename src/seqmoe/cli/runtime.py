@@ -143,6 +143,10 @@ def run_generate(args) -> int:
     twins = f" (twins {_mib(stats['host_twin_bytes'])})" if stats["twin"] else ""
     print(f"memory: experts on device {_mib(stats['device_expert_bytes'])}, on host {_mib(stats['host_expert_bytes'])}{twins}; "
           f"dense layers {_mib(dense)}")
+    if "disk_reads" in stats:
+        print(f"disk: a host cache of {stats['host_rows']} experts ({stats['host_policy']}), hit rate "
+              f"{stats['host_hit_rate']:.3f}; {stats['disk_reads']} experts read ({_mib(stats['disk_bytes'])}, "
+              f"{_mib(stats['disk_bytes_per_token'])} per token)")
     host = stats["host_expert_s"]
     print(f"cost model: {runtime.hardware.name}: {1e6 * stats['copy_time_s']:.1f} us per expert copy"
           + (f", {1e6 * host:.1f} us per expert on the host CPU" if host is not None else ""))

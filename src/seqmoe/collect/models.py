@@ -67,11 +67,16 @@ def load_model(
             bars.enable_progress_bar()
     model.to(device).eval()
     moe_layers(model)  # fail early, with a clear message, on a dense or unsupported model
-    tok = None
+    return model, load_tokenizer(path) if tokenizer else None
+
+
+def load_tokenizer(path):
+    """The tokenizer of model folder `path`, or None when it has none that loads."""
+    _, transformers = _import_hf()
     # transformers v5 builds an empty tokenizer for a folder without tokenizer files; look for them first.
-    if tokenizer and has_tokenizer_files(path):
-        try:
-            tok = transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
-        except (OSError, ValueError, KeyError, TypeError):
-            tok = None
-    return model, tok
+    if not has_tokenizer_files(path):
+        return None
+    try:
+        return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None

@@ -148,6 +148,7 @@ class OffloadRuntime:
             "host_us_per_token": per_token(self.host_s),
             "gather_us_per_token": per_token(self.gather_s),
             "device": str(pool.device),
+            **(pool.cache.stats(tokens) if pool.cache is not None else {}),
             **({"host_relay_fallbacks": relay.fallbacks} if (relay := self.controller.relay) is not None else {}),
             **(self.controller.routing.stats() if self.controller.routing is not None else {"routing": "exact"}),
         }

@@ -47,7 +47,18 @@ def load_offloaded(load: LoadConfig, cfg: OffloadConfig, *, needs: str, progress
     if isinstance(cfg.train, (str, os.PathLike)):  # a bad file fails before the model loads
         cfg = dataclasses.replace(cfg, train=load_trace(cfg.train))
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
+    cfg = dataclasses.replace(cfg, device=str(device))
+    if cfg.host_memory is not None:  # the experts stay on disk: build the model without them
+        from seqmoe.collect.models import load_tokenizer
+        from seqmoe.disk.load import load as load_streamed
+
+        tokenizer = load_tokenizer(resolve_model_dir(load.model))
+        if tokenizer is None:
+            raise UserError(f"{load.model}'s tokenizer files do not load; {needs}")
+        model, runtime = load_streamed(resolve_model_dir(load.model), dtype=None if load.dtype == "auto" else load.dtype,
+                                       config=cfg)
+        return Loaded(model, tokenizer, runtime)
     model, tokenizer = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress)
     if tokenizer is None:
         raise UserError(f"{load.model}'s tokenizer files do not load; {needs}")
-    return Loaded(model, tokenizer, offload(model, config=dataclasses.replace(cfg, device=str(device))))
+    return Loaded(model, tokenizer, offload(model, config=cfg))
