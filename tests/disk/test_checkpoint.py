@@ -191,3 +191,16 @@ def test_lacking_dense_key_is_named(saved, tmp_path):
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(UserError, match="lacks model.layers.2.self_attn.q_norm.weight"):
         load_skeleton(folder)
+
+
+@pytest.mark.parametrize("src", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("dst", [torch.bfloat16, torch.float16, torch.float32])
+def test_convert_into_matches_torch(src, dst):
+    from seqmoe.disk.checkpoint import convert_into
+
+    x = (torch.randn(1001) * 100).to(src)
+    x[:3] = torch.tensor([float("inf"), -0.0, 1e-30])
+    buf = bytearray(x.view(torch.uint8).numpy().tobytes())
+    out = torch.zeros(1004, dtype=dst)
+    convert_into(memoryview(buf), src, out[3:])
+    assert torch.equal(out[3:], x.to(dst)) and not out[:3].any()

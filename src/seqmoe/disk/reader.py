@@ -22,6 +22,8 @@ import os
 import threading
 from dataclasses import dataclass, field
 
+import numpy as np
+
 ALIGN = 4096
 """O_DIRECT alignment of offsets, lengths and buffer addresses (the largest logical block size in use)."""
 MODES = ("direct", "buffered")
@@ -93,10 +95,10 @@ class DiskReader:
         mode; a direct-mode reader reads the span then copies, O_DIRECT needs aligned buffers)."""
         nbytes = sum(v.nbytes for v in views)
         if f.direct_fd is not None:
-            view = self.read(f, offset, nbytes)
+            src = np.frombuffer(self.read(f, offset, nbytes), dtype=np.uint8)
             at = 0
-            for v in views:
-                v.cast("B")[:] = view[at:at + v.nbytes]
+            for v in views:  # numpy copies without the GIL (a memoryview assignment holds it)
+                np.copyto(np.frombuffer(v, dtype=np.uint8), src[at:at + v.nbytes])
                 at += v.nbytes
             return
         self._preadv(f, views, offset, nbytes)
