@@ -56,11 +56,22 @@ def build_model(arch: str, *, width_divisor: int = 1, num_layers: int | None = N
         num_layers: keep only the first decoder layers (host memory; default all).
         vocab_size: default the real one.
     """
+    from transformers import AutoModelForCausalLM
+
+    config = real_config(arch, width_divisor=width_divisor, num_layers=num_layers, vocab_size=vocab_size)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.eval()
+
+
+def real_config(arch: str, *, width_divisor: int = 1, num_layers: int | None = None, vocab_size: int | None = None):
+    """The transformers config of `arch` (`build_model`'s arguments)."""
     if arch not in ARCHS:
         raise UserError(f"unknown architecture {arch!r}; choose from: {', '.join(ARCHS)}")
     if width_divisor < 1 or (num_layers is not None and num_layers < 1):
         raise UserError(f"need width_divisor >= 1 and num_layers >= 1 (got {width_divisor}, {num_layers})")
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     spec = ARCHS[arch]
     kw = dict(spec.config)
@@ -70,8 +81,4 @@ def build_model(arch: str, *, width_divisor: int = 1, num_layers: int | None = N
         kw["num_hidden_layers"] = min(num_layers, kw["num_hidden_layers"])
     if vocab_size is not None:
         kw["vocab_size"] = vocab_size
-    config = AutoConfig.for_model(spec.model_type, **kw)
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    return model.eval()
+    return AutoConfig.for_model(spec.model_type, **kw)
