@@ -219,6 +219,16 @@ _MILAN = dict(host_memory_bytes_per_s=8 * 3200e6 * 8, host_cores=64, host_flops_
 # 10944: 0.66-0.73). Fewer rows per expert reach less (192 rows: 0.17), so the model flatters small
 # groups, full load and offloaded alike.
 _COMPUTE_EFFICIENCY = 0.5
+# The disk holding the checkpoint (issue 29). PCIe 4 profiles: a Samsung 990 Pro (spec: 7,450 MB/s
+# sequential read; WD SN850X 7,300); PCIe 5 profiles: a Crucial T705 (spec: 14,500 MB/s; Samsung
+# 9100 Pro 14,700). An expert read (~17 MB at a random offset) is one large request split into
+# >= 1 MiB parts in flight together; we assume 0.85 of the rated sequential figure for it (an
+# assumption, not a measurement: benchmarks/disk_read.py measures a machine's), and NAND read
+# latency ~80 us per read.
+_PCIE4_DISK = dict(disk_bytes_per_s=0.85 * 7.45e9, disk_latency_s=80e-6)
+_PCIE5_DISK = dict(disk_bytes_per_s=0.85 * 14.5e9, disk_latency_s=80e-6)
+_PCIE4_DISK_SRC = "; disk: Samsung 990 Pro class PCIe 4 NVMe, 0.85 x 7.45 GB/s seq. read (assumed for 17 MB reads)"
+_PCIE5_DISK_SRC = "; disk: Crucial T705 class PCIe 5 NVMe, 0.85 x 14.5 GB/s seq. read (assumed for 17 MB reads)"
 
 
 def hardware_presets() -> list[dict]:
@@ -227,29 +237,29 @@ def hardware_presets() -> list[dict]:
         # PCIe 4.0 x16 host interface; Ada whitepaper: 165.2 dense BF16 tensor TFLOPS (FP32 accumulate).
         dict(name="rtx4090-pcie4", h2d_bytes_per_s=_PCIE4_H2D, copy_overhead_s=_ALPHA_S,
                         hbm_bytes_per_s=1008e9, device_memory_bytes=24 * 10**9, **_DESKTOP,
-                        device_flops_per_s=165.2e12, compute_efficiency=_COMPUTE_EFFICIENCY,
+                        device_flops_per_s=165.2e12, compute_efficiency=_COMPUTE_EFFICIENCY, **_PCIE4_DISK,
                         source="NVIDIA RTX 4090 spec (1008 GB/s, 24 GB); PCIe 4.0 x16 ~25 GB/s effective; "
-                               "desktop host: Ryzen 9 7950X, 2 x DDR5-5200"),
+                               "desktop host: Ryzen 9 7950X, 2 x DDR5-5200" + _PCIE4_DISK_SRC),
         # NVIDIA A100 datasheet, A100 80GB PCIe: 80 GB HBM2e, 1,935 GB/s, PCIe Gen4 (64 GB/s bidirectional),
         # BF16 tensor 312 TFLOPS dense (624 with sparsity).
         dict(name="a100-pcie4", h2d_bytes_per_s=_PCIE4_H2D, copy_overhead_s=_ALPHA_S,
                         hbm_bytes_per_s=1935e9, device_memory_bytes=80 * 10**9, **_MILAN,
-                        device_flops_per_s=312e12, compute_efficiency=_COMPUTE_EFFICIENCY,
+                        device_flops_per_s=312e12, compute_efficiency=_COMPUTE_EFFICIENCY, **_PCIE4_DISK,
                         source="NVIDIA A100 datasheet, 80GB PCIe (1935 GB/s); PCIe 4.0 x16 ~25 GB/s effective; "
-                               "server host: EPYC 7763, 8 x DDR4-3200"),
+                               "server host: EPYC 7763, 8 x DDR4-3200" + _PCIE4_DISK_SRC),
         # NVIDIA H100 datasheet, H100 SXM: 80 GB HBM3, 3.35 TB/s; host link PCIe Gen5 (128 GB/s bidirectional);
         # BF16 tensor 1,979 TFLOPS with sparsity, 989.4 dense.
         dict(name="h100-pcie5", h2d_bytes_per_s=_PCIE5_H2D, copy_overhead_s=_ALPHA_S,
                         hbm_bytes_per_s=3.35e12, device_memory_bytes=80 * 10**9, **_GENOA,
-                        device_flops_per_s=989.4e12, compute_efficiency=_COMPUTE_EFFICIENCY,
+                        device_flops_per_s=989.4e12, compute_efficiency=_COMPUTE_EFFICIENCY, **_PCIE5_DISK,
                         source="NVIDIA H100 datasheet, SXM5 80GB (3.35 TB/s); PCIe 5.0 x16 ~50 GB/s effective; "
-                               "server host: EPYC 9654, 12 x DDR5-4800"),
+                               "server host: EPYC 9654, 12 x DDR5-4800" + _PCIE5_DISK_SRC),
         # NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s; host link PCIe Gen5 (128 GB/s bidirectional);
         # BF16 tensor 1,979 TFLOPS with sparsity, 989.4 dense.
         dict(name="h200-pcie5", h2d_bytes_per_s=_PCIE5_H2D, copy_overhead_s=_ALPHA_S,
                         hbm_bytes_per_s=4.8e12, device_memory_bytes=141 * 10**9, **_GENOA,
-                        device_flops_per_s=989.4e12, compute_efficiency=_COMPUTE_EFFICIENCY,
+                        device_flops_per_s=989.4e12, compute_efficiency=_COMPUTE_EFFICIENCY, **_PCIE5_DISK,
                         source="NVIDIA H200 datasheet (141 GB, 4.8 TB/s); PCIe 5.0 x16 ~50 GB/s effective; "
-                               "server host: EPYC 9654, 12 x DDR5-4800"),
+                               "server host: EPYC 9654, 12 x DDR5-4800" + _PCIE5_DISK_SRC),
     ]
     return presets

@@ -107,6 +107,11 @@ class HardwareProfile:
     """Fraction of `device_flops_per_s` a prompt's GEMMs reach, in (0, 1]."""
     host_flops_per_s: float | None = None
     """bf16 FLOP/s the host's cores sustain in expert matmuls of many rows; None: the prompt path has no host CPU."""
+    disk_bytes_per_s: float | None = None
+    """Sustained read bandwidth of the disk holding the checkpoint for expert-sized reads, bytes/s;
+    None: no disk tier (every expert in host memory)."""
+    disk_latency_s: float = 80e-6
+    """Fixed cost of one expert read from disk (NVMe read latency), seconds."""
     source: str = "user file"
     """Where the numbers come from."""
 
@@ -127,6 +132,9 @@ class HardwareProfile:
         _check_number(what, "compute_efficiency", self.compute_efficiency, minimum=0, strict=True)
         if self.compute_efficiency > 1:
             raise UserError(f"{what}: compute_efficiency must be in (0, 1], got {self.compute_efficiency}")
+        if self.disk_bytes_per_s is not None:
+            _check_number(what, "disk_bytes_per_s", self.disk_bytes_per_s, minimum=0, strict=True)
+        _check_number(what, "disk_latency_s", self.disk_latency_s, minimum=0)
         if self.host_cores is not None:
             _check_number(what, "host_memory_bytes_per_s", self.host_memory_bytes_per_s, minimum=0, strict=True)
             _check_number(what, "host_cores", self.host_cores, integer=True, minimum=1)
@@ -155,6 +163,15 @@ def _hbm_rate(hw: HardwareProfile) -> float:
 def copy_time_s(model: ModelProfile, hw: HardwareProfile) -> float:
     """Seconds one expert copy occupies the copy engine: `alpha + expert_bytes / h2d`."""
     return hw.copy_overhead_s + model.expert_bytes / hw.h2d_bytes_per_s
+
+
+def disk_read_s(model: ModelProfile, hw: HardwareProfile) -> float:
+    """Seconds one expert read from disk occupies the disk: `latency + expert_bytes / disk bandwidth`
+    (UserError for a profile without a disk)."""
+    if hw.disk_bytes_per_s is None:
+        raise UserError(f"hardware profile {hw.name!r} describes no disk: give disk_bytes_per_s (presets with one: "
+                        f"{', '.join(n for n, h in HARDWARE_PROFILES.items() if h.disk_bytes_per_s)})")
+    return hw.disk_latency_s + model.expert_bytes / hw.disk_bytes_per_s
 
 
 def layer_times_s(model: ModelProfile, hw: HardwareProfile) -> tuple[float, float]:

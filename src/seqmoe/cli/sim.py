@@ -36,6 +36,8 @@ def cmd_sim(args) -> int:
     cfg = config_from_args(SimConfig, args)
     row = run_one(load_workload(cfg), cfg, progress=progress(args), prompt_lengths=args.prompt_lengths)
     print(format_table([row]))
+    if "host_rows" in row:
+        print(_disk_line(row))
     for n, p in row.get("prefill", {}).items():
         print(f"time to first token, {n}-token prompts ({p['prompts']}): {p['ttft_s'] * 1e3:.2f} ms, full load "
               f"{p['full_load_ttft_s'] * 1e3:.2f} ms ({p['vs_full_load']:.2f}x), bound {p['bound_ttft_s'] * 1e3:.2f} ms, "
@@ -57,12 +59,20 @@ def cmd_sweep(args) -> int:
     for row in run_sweep(cfg, systems, residencies, dtypes, progress=progress(args)):
         rows.append(row)
         print(f"{row['system']:>26} {row['expert_dtype'] or '':>4} r={row['residency']:.2f} hit={row['hit_rate']:.4f} "
-              f"full-load={row['full_load_fraction']:.3f} bound={row['bound_fraction']:.3f}", file=sys.stderr)
+              f"full-load={row['full_load_fraction']:.3f} bound={row['bound_fraction']:.3f}"
+              + (" " + _disk_line(row) if "host_rows" in row else ""), file=sys.stderr)
     print(format_table(rows))
     write_jsonl(rows, args.out)
     if args.plot:
         plot_results(rows, args.plot, caption="seqmoe " + shlex.join(args.argv))
     return 0
+
+
+def _disk_line(row: dict) -> str:
+    """The disk tier's numbers of a result row."""
+    return (f"host cache {row['host_rows']} rows (host residency {row['host_residency']:.3f}, {row['host_policy']}): "
+            f"hit {row['host_hit_rate']:.4f}, disk {row['disk_bytes_per_token'] / 1e6:.2f} MB/token, "
+            f"disk stall {row['disk_stall_s']:.3f} s")
 
 
 def cmd_plot(args) -> int:

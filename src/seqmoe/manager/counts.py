@@ -60,9 +60,26 @@ class SimCounts:
     """A replay's cache-aware routing stats (`seqmoe.rerouting`); None: exact routing."""
     windows: list | None = None
     """A replay's counts per window of tokens (`simulate(window_tokens=...)`); None: not asked."""
+    host_rows: int = 0
+    """H, rows of the host cache in front of the disk (`seqmoe.disk`); 0: no disk tier."""
+    host_needs: int = 0
+    """Transfers that needed a host row (copies, in-place reads, host-CPU experts)."""
+    host_hits: int = 0
+    """Needs whose row was in the host cache (read ahead included)."""
+    disk_reads: int = 0
+    """Experts read from disk, on demand and ahead."""
+    disk_ahead_reads: int = 0
+    """Experts read from disk ahead of a need (the forecast policy)."""
+    disk_ahead_used: int = 0
+    """Rows read ahead that were needed before their eviction."""
+    disk_stall_s: float = 0.0
+    """The part of `stall_s` spent waiting for the disk."""
+    disk_read_s: float = 0.0
+    """Seconds per expert read from disk (latency + bytes / bandwidth)."""
 
 
-def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = None) -> dict:
+def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = None,
+              disk_belady_misses: int | None = None) -> dict:
     """The metrics of one run as a JSON-serialisable dict (rates 0 before the first activation).
 
     Args:
@@ -74,6 +91,9 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
             `paths_bound_time_s` holds for every system with these slots, link and host CPU
             (`seqmoe.manager.miss_paths`).
             `copies_per_belady` is copies / N_opt (None when Belady copies nothing).
+        disk_belady_misses: with a disk tier, Belady's misses at C + H slots from the same start: no
+            system reads fewer experts from disk, one at a time, so both bounds are at least that many
+            disk reads (docs/DESIGN.md, "The disk tier").
     """
     n = c.ready + c.late + c.misses
     rate = (lambda x: x / n) if n else (lambda x: 0.0)
@@ -110,13 +130,35 @@ def summarize(c: SimCounts, *, expert_bytes: int, belady_misses: int | None = No
         "host_expert_s": c.host_expert_s,
         **(c.routing or {}),
         **({"windows": c.windows} if c.windows else {}),
+        **(_disk_fields(c, expert_bytes) if c.host_rows else {}),
     }
     if belady_misses is not None:
         bound = max(c.full_load_time_s, belady_misses * c.copy_time_s)
         paths = paths_bound_time_s(full_load_time_s=c.full_load_time_s, activations=c.expert_reads, per_expert_s=c.per_expert_s,
                                    copy_time_s=c.copy_time_s, host_expert_s=c.host_expert_s,
                                    belady_misses=belady_misses)
+        if c.host_rows and disk_belady_misses is not None:
+            disk_bound = disk_belady_misses * c.disk_read_s
+            bound, paths = max(bound, disk_bound), max(paths, disk_bound)
+            row.update(disk_belady_misses=disk_belady_misses, disk_bound_time_s=disk_bound)
         row.update(belady_misses=belady_misses, bound_time_s=bound, bound_fraction=bound / c.time_s,
                    paths_bound_time_s=paths, paths_bound_fraction=paths / c.time_s,
                    copies_per_belady=c.copies / belady_misses if belady_misses else None)
     return row
+
+
+def _disk_fields(c: SimCounts, expert_bytes: int) -> dict:
+    """The disk tier's metrics (a run with a host cache in front of the disk)."""
+    return {
+        "host_rows": c.host_rows,
+        "disk_reads": c.disk_reads,
+        "disk_bytes": c.disk_reads * expert_bytes,
+        "disk_bytes_per_token": c.disk_reads * expert_bytes / c.num_tokens if c.num_tokens else 0.0,
+        "host_needs": c.host_needs,
+        "host_hits": c.host_hits,
+        "host_hit_rate": c.host_hits / c.host_needs if c.host_needs else 0.0,
+        "disk_ahead_reads": c.disk_ahead_reads,
+        "disk_ahead_used": c.disk_ahead_used,
+        "disk_stall_s": c.disk_stall_s,
+        "disk_read_s": c.disk_read_s,
+    }

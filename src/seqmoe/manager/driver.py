@@ -34,8 +34,11 @@ from seqmoe.manager.counts import SimCounts
 class Driver:
     """Position-major calls into `manager` (a `MemoryManager` or `CompiledManager`) on a virtual clock."""
 
-    def __init__(self, manager) -> None:
+    def __init__(self, manager, disk=None) -> None:
         self.manager = manager
+        self.disk = disk
+        """The disk tier's hooks (`seqmoe.disk.sim.DiskClock`: a host cache in front of the disk,
+        series with the transfers); None: every expert in host memory."""
         self.L, self.E, self.K = manager.num_layers, manager.num_experts, manager.top_k
         self.clock = 0.0
         self.tokens = 0  # decode steps whose last layer has ended (positions are numbered by them)
@@ -52,7 +55,11 @@ class Driver:
             self.manager.begin_request()
         self._batch = 1
         self.clock += self.manager.token_s
+        if self.disk is not None:
+            self.disk.token_start(self.clock)
         self.manager.token_start(self.tokens * self.L, self.clock, token_id)
+        if self.disk is not None:
+            self.disk.after_token_start()
 
     def step_start(self, token_ids, new_requests, lanes=None) -> None:
         """A decode step of B = len(token_ids) rows starts: row i is lane `lanes[i]` (default: lane i)
@@ -63,6 +70,8 @@ class Driver:
                              f"{len(new_requests)} and {len(lanes)}")
         if len(lanes) > 1 and self.manager.twin is not None:
             raise UserError("low-bit twins pick misses by one token's gate weights: they serve batch 1 only")
+        if len(lanes) > 1 and self.disk is not None:
+            raise UserError("a disk tier (host cache in front of the disk) is modelled at batch 1 only")
         pred = self.manager.lanes()
         if pred is not None:
             for lane, new in zip(lanes, new_requests):
@@ -92,7 +101,11 @@ class Driver:
         self._distinct = len(uids)
         self.expert_reads += self._distinct
         reveal = self.clock + m.non_expert_s
+        if self.disk is not None:
+            self.disk.before_layer(uids, reveal)
         self.clock = m.layer(self.tokens * self.L + layer, uids, ids if m.wants_ids else None, reveal, weights, mult)
+        if self.disk is not None:
+            self.clock = self.disk.after_layer(m, self.clock)
 
     def pool_at_reveal(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
         """([E] missing, [E] readable) experts of `layer` when its router reveals next: neither
@@ -107,12 +120,15 @@ class Driver:
         m = self.manager
         if m.host_served:  # the device computes the rest; the layer ends when the host's outputs are back
             end = self.clock + (self._distinct - m.host_served) * m.per_expert_s
-            if m.host_end > end:
-                m.add_stall(m.host_end - end)
-                end = m.host_end
+            host_end = m.host_end if self.disk is None else self.disk.layer_end(end, m.host_end)
+            if host_end > end:
+                m.add_stall(host_end - end)
+                end = host_end
             self.clock, m.host_served = end, 0
         else:
             self.clock += self._distinct * m.per_expert_s
+        if self.disk is not None:
+            self.disk.at(self.clock)
         if self._replans:
             self.manager.layer_end(self.tokens * self.L + layer, self.clock)
         if layer == self.L - 1:
@@ -137,6 +153,8 @@ class Driver:
             c.full_load_time_s = self.tokens * (m.token_s + self.L * m.non_expert_s) + self.expert_reads * m.per_expert_s
         c.per_expert_s, c.host_expert_s = m.per_expert_s, m.host_expert_s
         c.twin_bytes = m.twin_bytes
+        if self.disk is not None:
+            self.disk.fill(c)
         return c
 
     def finish(self) -> SimCounts:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
+from seqmoe.disk.sim import DiskClock
+from seqmoe.disk.tier import HostTier
+from seqmoe.disk.tier import host_policy as default_host_policy
 from seqmoe.rerouting import CacheAwareRouting
 from seqmoe.errors import UserError
 from seqmoe.manager import Driver, System, build_manager
 from seqmoe.manager.counts import SimCounts
-from seqmoe.profiles import HardwareProfile, ModelProfile
+from seqmoe.profiles import HardwareProfile, ModelProfile, disk_read_s
 from seqmoe.sim.lockstep import Lockstep
 from seqmoe.trace.schema import RoutingTrace, check_dims
 
@@ -23,7 +26,7 @@ from seqmoe.trace.schema import RoutingTrace, check_dims
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,
              capacity: int, start, progress: bool = False, compiled: bool = True,
              max_kl: float | None = None, window_tokens: int | None = None, plan: Lockstep | None = None,
-             pools: dict | None = None) -> SimCounts:
+             pools: dict | None = None, host_rows: int | None = None, host_policy: str | None = None) -> SimCounts:
     """Replay `trace` as batch-1 decode (or batched, by `plan`) with `system` managing `capacity` slots.
 
     Args:
@@ -42,6 +45,10 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
             twins, no windows); None: batch 1.
         pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
             bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
+        host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.disk.sim`; the
+            hardware profile needs a disk; batch 1, no twins), starting with `start`'s rows; None:
+            every expert in host memory.
+        host_policy: the host cache's policy ("lru" or "forecast"); None: `seqmoe.disk.tier.host_policy`.
 
     Returns:
         Counts and times of the replay (see `seqmoe.manager.summarize` for the metrics).
@@ -54,8 +61,33 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     if gates is None and getattr(system, "twin", None) is not None:
         raise UserError("the twin miss path picks misses by their gate weights, and this trace lacks them: replay a "
                         "trace that holds gate_weights (`seqmoe trace collect`, or a Mixtral JSONL trace)")
-    driver = Driver(build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start,
-                                  compiled=compiled))
+    disk = None if host_rows is None else _disk(system, model, hardware, host_rows, host_policy, start, plan)
+    manager = build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start, compiled=compiled,
+                            observer=None if disk is None else disk.observer())
+    driver = Driver(manager, disk=disk)
+    if disk is not None:
+        disk.attach(manager)
+    try:
+        return _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates)
+    finally:
+        if disk is not None:
+            disk.detach()
+
+
+def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
+    """The disk tier's clock for `simulate`: H = `rows` host rows holding `start`'s rows at first."""
+    if plan is not None and plan.batch > 1:
+        raise UserError("a disk tier (--host-memory, --host-residency) is modelled at batch 1 only: drop --batch")
+    if getattr(system, "twin", None) is not None:
+        raise UserError("the twin miss path reads low-bit twins from host memory, which a disk tier does not hold: "
+                        "drop --twin")
+    tier = HostTier(rows, model.num_layers, model.num_experts, policy=policy or default_host_policy(system),
+                    read_s=disk_read_s(model, hardware), start=start)
+    return DiskClock(tier, model=model, hardware=hardware)
+
+
+def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates) -> SimCounts:
+    """`simulate`'s replay on `driver`."""
     if plan is not None and plan.batch > 1:
         if max_kl is not None or gates is not None or window_tokens or pools:
             raise UserError("a batched replay replays exact routing, without twins, windows or prompts")

@@ -18,6 +18,7 @@ import numpy as np
 from seqmoe import __version__
 from seqmoe.cache.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
+from seqmoe.disk.tier import host_policy
 from seqmoe.errors import UserError
 from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
 from seqmoe.manager.miss_paths import check_twin
@@ -107,6 +108,12 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
         if key not in w.belady_misses:
             w.belady_misses[key] = belady_misses(w.test_uids if visits is None else visits, capacity, start, future)
         n_opt = w.belady_misses[key]
+    host_rows, disk_n_opt = cfg.host_rows(), None
+    if host_rows is not None and n_opt is not None:  # the two tiers hold C + H experts (docs/DESIGN.md, "The disk tier")
+        key = (capacity + host_rows, 1, "fifo")
+        if key not in w.belady_misses:
+            w.belady_misses[key] = belady_misses(w.test_uids, capacity + host_rows, start, future)
+        disk_n_opt = w.belady_misses[key]
     predictor, prior = None, None
     if system_spec(cfg.system).needs_predictor and cfg.online:
         predictor, prior = online_forecaster(L, E, K, seed=cfg.seed), cold_prior(L, E, K)
@@ -120,7 +127,7 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
     t0 = time.perf_counter()
     counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
                       progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens, plan=plan,
-                      pools=pools or None)
+                      pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
            "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
@@ -128,7 +135,10 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
            "draft": cfg.draft, "batch": cfg.batch, "admission": cfg.admission}
     if isinstance(predictor, OnlineForecaster):
         row["forecaster"] = predictor.stats()
-    row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt))
+    if host_rows is not None:
+        row.update(host_residency=host_rows / (L * E), host_memory_bytes=host_rows * model.expert_bytes,
+                   host_policy=cfg.host_policy or host_policy(system))
+    row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt, disk_belady_misses=disk_n_opt))
     if lengths:
         row["prefill"] = prefill_fields(test.expert_ids, test.request_offsets, pools, lengths, costs, system.miss)
     row.update({
