@@ -306,13 +306,14 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
             undo.push(learner.close)
         controller = Controller(plan.system, L, E, K, plan.meta, record=cfg.record_trace)
         controller.pregate = plan.pregate
+        clock = None if plan.disk is None else plan.disk.clock(plan.system, mp, hw, plan.start)
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start,
-                                observer=controller if plan.disk is None else plan.disk.observer(controller))
+                                observer=controller if clock is None else clock.observer(plan.disk.observer(controller)))
         if host is not None:  # a prompt's misses split between the link and the host by this cost model
             host.prompt = prompt_costs(mp, hw)
         worker = CopyWorker(pool)
         undo.push(worker.close)
-        controller.attach(manager, pool, worker)
+        controller.attach(manager, pool, worker, disk=clock)
         if max_kl is not None:
             controller.routing = CacheAwareRouting(max_kl, missing=pool.missing_row, resident=lambda l: pool.table_host[l] >= 0)
             if plan.control == "thread" and device.type == "cuda":  # posted steps substitute on the device

@@ -126,9 +126,12 @@ class Controller(PostedSteps):
         self.pregate = None  # eager.pregate.LivePregate, when the system fuses pre-gating
         self.lanes: list[int] | None = None  # the lanes of the forwards' rows (`OffloadRuntime.use_lanes`); None: 0..B-1
 
-    def attach(self, manager, pool: ExpertPool, worker: CopyWorker) -> None:
+    def attach(self, manager, pool: ExpertPool, worker: CopyWorker, disk=None) -> None:
+        """`disk`: the disk tier on the virtual clock (`seqmoe.disk.sim.DiskClock`), or None."""
         self.state, self.pool, self.worker = manager, pool, worker
-        self.driver = Driver(manager)
+        self.driver = Driver(manager, disk=disk)
+        if disk is not None:
+            disk.attach(manager)
 
     @property
     def clock(self) -> float:

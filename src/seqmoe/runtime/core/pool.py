@@ -249,8 +249,8 @@ class ExpertPool:
         table, host, parts, crossed = self.table_host[layer], self.hosts[layer], [], 0
         for e in experts:
             slot = -1 if host_only else int(table[e])
-            if slot < 0 and self.link_s and self.fence is None and not host_only:
-                slot = self._await_copy(layer * self.num_experts + e)
+            if slot < 0 and (self.link_s or self.cache is not None) and self.fence is None and not host_only:
+                slot = self._await_copy(layer * self.num_experts + e)  # one copy of the row, not two
             if slot >= 0:
                 parts.append(self.pool[slot])
                 self.pool_reads += 1
@@ -263,7 +263,7 @@ class ExpertPool:
         return torch.stack(parts)
 
     def _await_copy(self, uid: int) -> int:
-        """Emulated link, inline mode: wait for `uid`'s queued copy; its slot, or -1 if it has none
+        """Emulated link or disk tier, inline mode: wait for `uid`'s queued copy; its slot, or -1 if it has none
         (or the copy did not land within a generous time, e.g. the worker stopped: the host row is
         read instead, which is always exact)."""
         slot = self.slot_of.get(uid)
@@ -271,7 +271,7 @@ class ExpertPool:
             return -1
         with self._changed:
             self._changed.wait_for(lambda: self.loaded[slot] or self.owner[slot] != uid,
-                                   timeout=max(1.0, 1000 * self.link_s))
+                                   timeout=max(1.0, 1000 * (self.link_s or 0.0), 60.0 * (self.cache is not None)))
             return slot if self.loaded[slot] and self.owner[slot] == uid else -1
 
     def gather_posted(self, layer: int, ids: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:

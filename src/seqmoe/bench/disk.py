@@ -1,0 +1,146 @@
+"""Real routing replayed through a model streamed from disk, timed against the simulator's figure.
+
+    result = disk_replay_bench("ckpt/", replay, train=train, systems=("on-demand-lru", "seqmoe"),
+                               residency=0.1, host_memory="8GiB")
+
+The checkpoint (`checkpoint.write_checkpoint`: a published shape, seeded weights) is loaded with
+`seqmoe.load`, its routers forced to `replay` (`forced.ForcedRouting`), and decoded on the CPU as
+`replay.replay_bench` decodes: one forward per position, the first request warming up. The cost
+model is this machine's, measured first (`measure_machine`): the full-load time per token of this
+runtime (a replay that routes every position as its first one, so every expert it needs stays
+resident after one position), one expert's copy (a memory copy: the CPU's "link") and one expert's
+read from the checkpoint (the reader's own path, one at a time). Each run's simulated time per
+token is the runtime's own virtual clock: the simulator's state machine and disk tier on the same
+routing, budgets and cost model. Peak resident memory is measured per run (`VmHWM`, reset first).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import numpy as np
+import torch
+
+from seqmoe.bench.decode import measured_hardware
+from seqmoe.bench.forced import ForcedRouting
+from seqmoe.bench.replay import _decode
+from seqmoe.trace.schema import RoutingTrace
+
+_STATS = ("hit_rate", "miss_rate", "copies", "host_rows", "host_hit_rate", "disk_reads", "disk_bytes_per_token",
+          "disk_ahead_reads", "disk_ahead_used", "sim_host_hit_rate", "sim_disk_bytes_per_token", "sim_disk_stall_s",
+          "stall_s", "time_s")
+
+
+def _reset_peak() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM (Linux)
+    except OSError:
+        pass
+
+
+def peak_rss_bytes() -> int | None:
+    """The process's peak resident memory since the last reset (Linux), else None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def repeated(replay: RoutingTrace, n: int) -> RoutingTrace:
+    """Two requests of `n` positions, each routed as `replay`'s first position (the full-load replay)."""
+    rows = lambda a: None if a is None else np.repeat(a[:1], 2 * n, axis=0)  # noqa: E731
+    return dataclasses.replace(replay, expert_ids=rows(replay.expert_ids), gate_weights=rows(replay.gate_weights),
+                               token_ids=rows(replay.token_ids), request_offsets=np.array([0, n, 2 * n]),
+                               pregate_logits=None, router_logits=None)
+
+
+def _replay_run(folder, replay: RoutingTrace, **options) -> tuple[dict, dict, float, int, list]:
+    """(stats at the end, stats after warm-up, wall seconds and positions timed, argmax tokens) of one
+    streamed run."""
+    import seqmoe
+
+    model, rt = seqmoe.load(folder, replay=replay, device="cpu", **options)
+    forced = ForcedRouting(model, replay)
+    marks = {}
+    try:
+        outs, wall, n = _decode(rt, forced, replay, torch.device("cpu"), between=lambda: marks.update(rt.stats()))
+        rt.synchronize()
+        end = rt.stats()
+    finally:
+        forced.remove()
+        rt.close()
+    return end, marks, wall, n, outs
+
+
+def measure_machine(folder, replay: RoutingTrace, *, residency: float, positions: int = 12, reads: int = 8,
+                    log=print) -> dict:
+    """This machine's cost model for `folder`'s model (see the module doc): the hardware profile
+    and what was measured."""
+    from seqmoe.disk.skeleton import load_skeleton
+
+    end, marks, wall, n, _ = _replay_run(folder, repeated(replay, positions), residency=residency,
+                                         host_memory="1GiB", system="on-demand-lru", miss="copy")
+    token_s = wall / n
+    log(f"full load (every routed expert resident): {1e3 * token_s:.1f} ms/token over {n} positions")
+    model, skeleton = load_skeleton(folder)
+    files = skeleton.open_files()
+    try:
+        layout = skeleton.layout
+        row, other = torch.empty(layout.numel, dtype=layout.dtype), torch.empty(layout.numel, dtype=layout.dtype)
+        rng = np.random.default_rng(0)
+        read_s = []
+        for _ in range(reads):  # one at a time, from all over the checkpoint, as demand reads come
+            l, e = int(rng.integers(len(skeleton.experts_paths))), int(rng.integers(skeleton.num_experts))
+            t0 = time.perf_counter()
+            files.read_into(l, e, row)
+            read_s.append(time.perf_counter() - t0)
+        copy_s = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            other.copy_(row)
+            copy_s.append(time.perf_counter() - t0)
+    finally:
+        files.close()
+    from seqmoe.runtime.offload import measure_profile
+    from seqmoe.arch import model_arch
+
+    arch = model_arch(model)
+    mp = measure_profile(model, arch, layout)
+    disk_s, copy = float(np.median(read_s)), float(np.median(copy_s))
+    hw = measured_hardware(mp, token_s, copy, name="this machine (measured)")
+    hw = dataclasses.replace(hw, disk_bytes_per_s=mp.expert_bytes / disk_s, disk_latency_s=0.0,
+                             source=hw.source + f", {1e3 * disk_s:.2f} ms per expert read from disk")
+    log(f"one expert: copy {1e3 * copy:.2f} ms, read from disk {1e3 * disk_s:.2f} ms "
+        f"({mp.expert_bytes / disk_s / 1e9:.2f} GB/s)")
+    return {"hardware": hw, "full_ms_per_token": 1e3 * token_s, "copy_ms": 1e3 * copy, "disk_read_ms": 1e3 * disk_s,
+            "expert_bytes": mp.expert_bytes}
+
+
+def disk_replay_bench(folder, replay: RoutingTrace, *, systems=("on-demand-lru", "seqmoe"), residency: float = 0.1,
+                      host_memory="8GiB", train: RoutingTrace | None = None, log=print) -> dict:
+    """Measure this machine, then time each of `systems` streamed over `replay` (see the module doc)."""
+    machine = measure_machine(folder, replay, residency=residency, log=log)
+    runs, first = [], None
+    for system in systems:
+        _reset_peak()
+        end, marks, wall, n, outs = _replay_run(folder, replay, residency=residency, host_memory=host_memory,
+                                                system=system, miss="copy", train=train, hardware=machine["hardware"])
+        sim_s = (end["time_s"] - marks["time_s"]) / (end["tokens"] - marks["tokens"])
+        measured_s = wall / n
+        first = outs if first is None else first
+        row = {"system": system, "residency": residency, "host_memory": str(host_memory), "ms_per_token": 1e3 * measured_s,
+               "sim_ms_per_token": 1e3 * sim_s, "sim_over_measured": sim_s / measured_s,
+               "vs_full": machine["full_ms_per_token"] / (1e3 * measured_s), "same_tokens": outs == first,
+               "peak_rss_bytes": peak_rss_bytes(), **{k: end.get(k) for k in _STATS}}
+        log(f"{system}: {row['ms_per_token']:.1f} ms/token (simulated {row['sim_ms_per_token']:.1f}), "
+            f"{row['disk_bytes_per_token'] / 2**20:.1f} MiB read from disk per token, host hit rate "
+            f"{row['host_hit_rate']:.3f}")
+        runs.append(row)
+    hw = machine.pop("hardware")
+    return {**machine, "hardware": dataclasses.asdict(hw), "timed_tokens": n, "runs": runs}
