@@ -12,11 +12,12 @@ expert) first `need`s the row here.
 
 Policies (docs/DESIGN.md, "The disk tier"):
 - "lru": evict the least recently needed row; read only what is needed (every system without a
-  forecaster: on-demand-lru, moe-infinity-style, the oracles of the device tier).
-- "forecast" (the systems with a forecaster): a probabilistic Belady over the two horizons the
-  system has: the forecaster's probabilities for the next positions and each expert's use rate per
-  token (a moving average). An expert's expected next use, in tokens, is min(1 / rate, h / p) for a
-  forecast probability p at h tokens ahead; the row whose expected next use is furthest is evicted,
+  predictor: on-demand-lru, the oracles of the device tier).
+- "forecast" (the systems with a predictor: seqmoe, moe-infinity-style, ...): a probabilistic Belady
+  over the two horizons the system has: the forecaster's probabilities for the next positions and
+  each expert's use rate per token (a moving average). An expert's expected next use, in tokens, is
+  min(1 / rate, h / p) for a forecast probability p at h tokens ahead, later by DEVICE_TOKENS when
+  the device pool holds it (`resident`); the row whose expected next use is furthest is evicted,
   and rows forecast with p >= AHEAD_P are read ahead while the disk is free, when they would come
   back sooner than the row they replace.
 """
@@ -30,8 +31,13 @@ from seqmoe.errors import UserError
 POLICIES = ("lru", "forecast")
 RATE_WEIGHT = 1 / 64
 """Moving-average weight of one token in an expert's use rate (about 64 tokens' memory)."""
-AHEAD_P = 0.3
-"""Least forecast probability of a read ahead (below it, a read ahead is more often wasted than used)."""
+AHEAD_P = float("inf")
+"""Least forecast probability of a read ahead: none by default. On DeepSeek-V2-Lite's routing every
+threshold tried (0.3, 0.6, 0.8, 1.0) read more bytes per token than none: 15-25 % of seqmoe's reads
+ahead were used (docs/RESULTS.md, "The disk tier in the simulator")."""
+DEVICE_TOKENS = 1000.0
+"""Tokens added to the expected next use of a row whose expert the device pool holds (`resident`):
+the row is not needed until the device evicts it, so it goes before rows only the host has."""
 _EPS = 1e-6
 
 
@@ -71,6 +77,9 @@ class HostTier:
         self.soon = np.full(n, np.inf)  # expected next use from the latest forecast, in tokens
         self.likely = np.zeros(n)  # the latest forecast's highest probability of each uid
         self.ahead = np.zeros(n, dtype=bool)  # read ahead and not needed since
+        self.resident = None
+        """Optional: a callable giving the [L * E] mask of the uids the device pool holds (the
+        manager's `present_mask`); the forecast policy evicts their rows first."""
         self.disk_free_at = 0.0
         self._tick = 0.0
         self.hits = self.reads = self.ahead_reads = self.ahead_used = 0
@@ -94,7 +103,10 @@ class HostTier:
         if self.policy == "lru":
             return -self.used_at[uids]
         recent = self.used_at[uids] / (self._tick + 1) * 1e-3  # ties go to the least recently needed
-        return np.minimum(1.0 / (self.rate[uids] + _EPS), self.soon[uids]) - recent
+        nxt = np.minimum(1.0 / (self.rate[uids] + _EPS), self.soon[uids]) - recent
+        if self.resident is not None:
+            nxt = nxt + DEVICE_TOKENS * (self.resident()[uids] > 0)
+        return nxt
 
     def victim(self, busy=None) -> int:
         """The uid to evict for an incoming row (none free), or -1 when every row is `busy`
