@@ -65,12 +65,21 @@ def test_streamed_model_equals_the_model_loaded_whole(checkpoints, arch, system,
         rt.close()
 
 
-def test_host_memory_without_a_checkpoint_and_too_small_are_refused(checkpoints):
+def test_host_memory_without_a_checkpoint_and_too_small_are_refused(checkpoints, monkeypatch):
     folder, full, _, _ = checkpoints["mixtral"]
     with pytest.raises(UserError, match="seqmoe.load"):
         seqmoe.offload(full, residency=0.3, host_memory="1GiB")
+    import seqmoe.disk.skeleton as skeleton
+
+    def no_read(*args):
+        raise AssertionError("the dense part was read before the budgets were checked")
+
+    monkeypatch.setattr(skeleton, "_materialise", no_read)
     with pytest.raises(UserError, match="host cache needs at least"):
         seqmoe.load(folder, residency=0.3, host_memory="1KiB")
+    with pytest.raises(UserError, match="expert_memory"):
+        seqmoe.load(folder, expert_memory="1KiB", host_memory="1MiB")
+    monkeypatch.undo()
     with pytest.raises(UserError, match="inline control"):
         seqmoe.load(folder, residency=0.3, host_memory="1MiB", control="thread")
 

@@ -17,6 +17,7 @@ routing, budgets and cost model. Peak resident memory is measured per run (`VmHW
 from __future__ import annotations
 
 import dataclasses
+import gc
 import time
 
 import numpy as np
@@ -60,9 +61,9 @@ def repeated(replay: RoutingTrace, n: int) -> RoutingTrace:
                                pregate_logits=None, router_logits=None)
 
 
-def _replay_run(folder, replay: RoutingTrace, **options) -> tuple[dict, dict, float, int, list]:
+def _replay_run(folder, replay: RoutingTrace, probe=None, **options) -> tuple[dict, dict, float, int, list]:
     """(stats at the end, stats after warm-up, wall seconds and positions timed, argmax tokens) of one
-    streamed run."""
+    streamed run; `probe(runtime)` runs before it closes. Its memory is freed before this returns."""
     import seqmoe
 
     model, rt = seqmoe.load(folder, replay=replay, device="cpu", **options)
@@ -72,47 +73,45 @@ def _replay_run(folder, replay: RoutingTrace, **options) -> tuple[dict, dict, fl
         outs, wall, n = _decode(rt, forced, replay, torch.device("cpu"), between=lambda: marks.update(rt.stats()))
         rt.synchronize()
         end = rt.stats()
+        if probe is not None:
+            probe(rt)
     finally:
         forced.remove()
         rt.close()
+        model = rt = forced = None  # noqa: F841 (dropped for the collection below)
+        gc.collect()  # the model and its runtime refer to each other: free the pool and host cache now
     return end, marks, wall, n, outs
+
+
+def _time_reads(rt, reads: int) -> tuple[float, float]:
+    """(median seconds of one expert read from the checkpoint, of one expert row copy) on `rt`'s files,
+    reads one at a time from all over the checkpoint, as demand reads come."""
+    files, cache = rt.pool.cache.files, rt.pool.cache
+    row, other = torch.empty_like(cache.buf[0]), torch.empty_like(cache.buf[0])
+    rng = np.random.default_rng(0)
+    read_s, copy_s = [], []
+    for _ in range(reads):
+        l, e = int(rng.integers(rt.pool.num_layers)), int(rng.integers(rt.pool.num_experts))
+        t0 = time.perf_counter()
+        files.read_into(l, e, row)
+        read_s.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        other.copy_(row)
+        copy_s.append(time.perf_counter() - t0)
+    return float(np.median(read_s)), float(np.median(copy_s))
 
 
 def measure_machine(folder, replay: RoutingTrace, *, residency: float, positions: int = 12, reads: int = 8,
                     log=print) -> dict:
     """This machine's cost model for `folder`'s model (see the module doc): the hardware profile
     and what was measured."""
-    from seqmoe.disk.skeleton import load_skeleton
-
-    end, marks, wall, n, _ = _replay_run(folder, repeated(replay, positions), residency=residency,
+    got = {}
+    probe = lambda rt: got.update(times=_time_reads(rt, reads), mp=rt.model_profile)  # noqa: E731
+    end, marks, wall, n, _ = _replay_run(folder, repeated(replay, positions), probe, residency=residency,
                                          host_memory="1GiB", system="on-demand-lru", miss="copy")
     token_s = wall / n
+    (disk_s, copy), mp = got["times"], got["mp"]
     log(f"full load (every routed expert resident): {1e3 * token_s:.1f} ms/token over {n} positions")
-    model, skeleton = load_skeleton(folder)
-    files = skeleton.open_files()
-    try:
-        layout = skeleton.layout
-        row, other = torch.empty(layout.numel, dtype=layout.dtype), torch.empty(layout.numel, dtype=layout.dtype)
-        rng = np.random.default_rng(0)
-        read_s = []
-        for _ in range(reads):  # one at a time, from all over the checkpoint, as demand reads come
-            l, e = int(rng.integers(len(skeleton.experts_paths))), int(rng.integers(skeleton.num_experts))
-            t0 = time.perf_counter()
-            files.read_into(l, e, row)
-            read_s.append(time.perf_counter() - t0)
-        copy_s = []
-        for _ in range(5):
-            t0 = time.perf_counter()
-            other.copy_(row)
-            copy_s.append(time.perf_counter() - t0)
-    finally:
-        files.close()
-    from seqmoe.runtime.offload import measure_profile
-    from seqmoe.arch import model_arch
-
-    arch = model_arch(model)
-    mp = measure_profile(model, arch, layout)
-    disk_s, copy = float(np.median(read_s)), float(np.median(copy_s))
     hw = measured_hardware(mp, token_s, copy, name="this machine (measured)")
     hw = dataclasses.replace(hw, disk_bytes_per_s=mp.expert_bytes / disk_s, disk_latency_s=0.0,
                              source=hw.source + f", {1e3 * disk_s:.2f} ms per expert read from disk")

@@ -144,7 +144,8 @@ def run_generate(args) -> int:
     print(f"memory: experts on device {_mib(stats['device_expert_bytes'])}, on host {_mib(stats['host_expert_bytes'])}{twins}; "
           f"dense layers {_mib(dense)}")
     if "disk_reads" in stats:
-        print(f"disk: a host cache of {stats['host_rows']} experts ({stats['host_policy']}), hit rate "
+        print(f"disk: a host cache of {stats['host_rows']} experts (host residency "
+              f"{stats['host_rows'] / (stats['num_layers'] * stats['num_experts']):.3g}, {stats['host_policy']}), hit rate "
               f"{stats['host_hit_rate']:.3f}; {stats['disk_reads']} experts read ({_mib(stats['disk_bytes'])}, "
               f"{_mib(stats['disk_bytes_per_token'])} per token)")
     host = stats["host_expert_s"]

@@ -137,6 +137,11 @@ class HostCache:
             for uid in self.tier.plan_ahead(limit=limit, busy=self._busy(), idle_only=False):
                 self._place(uid, count=False)
 
+    def reading(self, uid: int) -> bool:
+        """`uid`'s row is being read from disk now (a racy look, without the lock: a hint)."""
+        row = int(self.tier.row_of[uid])
+        return row >= 0 and self.content[row] == uid and row in self._reading
+
     def copy_row(self, uid: int) -> torch.Tensor:
         """A copy of `uid`'s row (its own memory: valid after the row changes hands)."""
         with self.hold(uid) as row:

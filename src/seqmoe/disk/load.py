@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from seqmoe.config import OffloadConfig
+from seqmoe.precision import format_bytes, parse_bytes
 
 
 def load(path, residency: float | None = None, *, host_memory=None, dtype=None, config: OffloadConfig | None = None,
@@ -30,7 +31,20 @@ def load(path, residency: float | None = None, *, host_memory=None, dtype=None, 
     from seqmoe.disk.skeleton import load_skeleton
     from seqmoe.runtime.offload import offload
 
-    model, skeleton = load_skeleton(path, dtype)
+    def check(model, arch, layout):  # both budgets, before the dense part is read
+        from seqmoe.disk.plan import plan_disk
+        from seqmoe.manager import capacity_for
+        from seqmoe.manager.placement import capacity_for_bytes
+
+        L, E, K = len(arch.moe), arch.num_experts, arch.top_k
+        plan_disk(path, cfg, layout, L, E, K)
+        if cfg.residency is not None:
+            capacity_for(cfg.residency, L, E, K)
+        elif cfg.expert_memory is not None:
+            budget = parse_bytes(cfg.expert_memory, "expert_memory")
+            capacity_for_bytes(budget, layout.expert_bytes, L, E, K, f"expert_memory {format_bytes(budget)}")
+
+    model, skeleton = load_skeleton(path, dtype, check=check)
     files = skeleton.open_files()
     try:
         runtime = offload(model, config=cfg, source=files)

@@ -90,6 +90,10 @@ class _RuntimeClock(DiskClock):
         super().__init__(tier, **cost)
         self.cache = cache
 
+    def attach(self, manager) -> None:
+        super().attach(manager)
+        self.cache.tier.resident = self.tier.resident  # the pool the real one mirrors
+
     def after_token_start(self) -> None:
         super().after_token_start()
         self.cache.read_ahead(AHEAD_LIMIT)

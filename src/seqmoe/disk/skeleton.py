@@ -44,10 +44,11 @@ class Skeleton:
                                 mode=mode, index=self.index)
 
 
-def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str | None = None):
+def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str | None = None, check=None):
     """(model, Skeleton): the `*ForCausalLM` of `folder` in eval mode, with its routed experts' parameters
     on the meta device and everything else read from the checkpoint. `dtype`: the model's (default: the
-    config's, else float32). UserError for a quantized checkpoint or model keys the checkpoint lacks."""
+    config's, else float32). `check(model, arch, layout)`: runs on the meta model, before anything is
+    read (budgets fail first). UserError for a quantized checkpoint or model keys the checkpoint lacks."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     folder = Path(folder)
@@ -62,6 +63,8 @@ def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str |
     names = {id(m): n for n, m in model.named_modules()}
     experts_paths = tuple(names[id(m.experts)] for m in arch.moe)
     layout = arch.layout(arch.moe[0].experts)  # shapes and dtype only: works on meta parameters
+    if check is not None:
+        check(model, arch, layout)
     skip = {f"{p}.{n}" for p in experts_paths for n in layout.names}
     index = CheckpointIndex.open(folder)
     nbytes = _materialise(model, index, skip, mode)

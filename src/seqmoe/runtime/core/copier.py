@@ -69,7 +69,11 @@ class CopyWorker:
                     self._busy = False
                     self._cv.notify_all()
                     return
-                _, _, _, uid, slot, gen = heapq.heappop(self._queue)
+                item = self._next_ready()
+                if item is None:  # every queued copy waits for its row's disk read: look again shortly
+                    self._cv.wait(0.002)
+                    continue
+                _, _, _, uid, slot, gen = item
                 self._busy = True
             try:
                 if not self.pool.wanted(uid, slot, gen):
@@ -88,6 +92,24 @@ class CopyWorker:
                     self._busy = False
                     self._cv.notify_all()
                 return
+
+    def _next_ready(self):
+        """The first queued copy in order whose row can be copied now (lock held): with a disk tier,
+        copies whose rows are still being read from disk are passed over (a transfer starts when
+        its row is in host memory), so one slow read does not hold up the copies behind it."""
+        cache = self.pool.cache
+        if cache is None:
+            return heapq.heappop(self._queue)
+        passed, found = [], None
+        while self._queue:
+            item = heapq.heappop(self._queue)
+            if not cache.reading(item[3]):
+                found = item
+                break
+            passed.append(item)
+        for item in passed:
+            heapq.heappush(self._queue, item)
+        return found
 
     def _emulate_link(self) -> None:
         """Hold the emulated link for one copy. Each copy ends one copy time after the later of now
