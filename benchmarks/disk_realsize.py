@@ -72,13 +72,15 @@ def main(argv=None) -> int:
     except UserError as e:
         print(f"disk_realsize: error: {e}", file=sys.stderr)
         return 2
-    head = f"{'system':<16} {'ms/token':>9} {'sim ms':>8} {'sim/meas':>8} {'disk MiB/tok':>12} {'host hit':>8} {'peak RSS GiB':>12}"
+    head = (f"{'system':<16} {'ms/token':>9} {'sim ms':>8} {'sim/meas':>8} {'disk MiB/tok':>12} {'sim MiB/tok':>11} "
+            f"{'host hit':>8} {'peak RSS GiB':>12}")
     print(f"full load {result['full_ms_per_token']:.1f} ms/token; expert copy {result['copy_ms']:.2f} ms, "
           f"disk read {result['disk_read_ms']:.2f} ms")
     print(head + "\n" + "-" * len(head))
     for r in result["runs"]:
         print(f"{r['system']:<16} {r['ms_per_token']:>9.1f} {r['sim_ms_per_token']:>8.1f} {r['sim_over_measured']:>8.2f} "
-              f"{r['disk_bytes_per_token'] / 2**20:>12.1f} {r['host_hit_rate']:>8.3f} {(r['peak_rss_bytes'] or 0) / 2**30:>12.2f}")
+              f"{r['disk_bytes_per_token'] / 2**20:>12.1f} {r['sim_disk_bytes_per_token'] / 2**20:>11.1f} "
+              f"{r['host_hit_rate']:>8.3f} {(r['peak_rss_bytes'] or 0) / 2**30:>12.2f}")
     if args.out:
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:

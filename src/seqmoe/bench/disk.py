@@ -30,7 +30,7 @@ from seqmoe.trace.schema import RoutingTrace
 
 _STATS = ("hit_rate", "miss_rate", "copies", "host_rows", "host_hit_rate", "disk_reads", "disk_bytes_per_token",
           "disk_ahead_reads", "disk_ahead_used", "sim_host_hit_rate", "sim_disk_bytes_per_token", "sim_disk_stall_s",
-          "stall_s", "time_s")
+          "stall_s", "time_s", "dense_bytes", "rss_before_load_bytes", "device_expert_bytes", "host_expert_bytes")
 
 
 def _reset_peak() -> None:
@@ -53,6 +53,14 @@ def peak_rss_bytes() -> int | None:
     return None
 
 
+def _rss_bytes() -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def repeated(replay: RoutingTrace, n: int) -> RoutingTrace:
     """Two requests of `n` positions, each routed as `replay`'s first position (the full-load replay)."""
     rows = lambda a: None if a is None else np.repeat(a[:1], 2 * n, axis=0)  # noqa: E731
@@ -66,13 +74,15 @@ def _replay_run(folder, replay: RoutingTrace, probe=None, **options) -> tuple[di
     streamed run; `probe(runtime)` runs before it closes. Its memory is freed before this returns."""
     import seqmoe
 
+    before = _rss_bytes()
     model, rt = seqmoe.load(folder, replay=replay, device="cpu", **options)
+    dense = sum(p.numel() * p.element_size() for p in model.parameters())  # the experts' are stripped
     forced = ForcedRouting(model, replay)
     marks = {}
     try:
         outs, wall, n = _decode(rt, forced, replay, torch.device("cpu"), between=lambda: marks.update(rt.stats()))
         rt.synchronize()
-        end = rt.stats()
+        end = rt.stats() | {"dense_bytes": dense, "rss_before_load_bytes": before}
         if probe is not None:
             probe(rt)
     finally:

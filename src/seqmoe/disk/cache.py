@@ -49,6 +49,7 @@ class HostCache:
         self.content = np.full(tier.rows, -1, dtype=np.int64)  # the uid whose bytes a row holds (or is reading)
         self.refs = np.zeros(tier.rows, dtype=np.int64)
         self._reading: dict[int, Future] = {}  # row -> its read
+        self._ordered: dict[int, int] = {}  # uid -> copies of it queued and not yet run
         self._lock = threading.Condition(threading.Lock())  # notified when a row stops being busy
         self._readers = ThreadPoolExecutor(readers, thread_name_prefix="seqmoe-disk")
         self.reads = self.read_bytes = 0
@@ -59,8 +60,14 @@ class HostCache:
         return self.buf.numel() * self.buf.element_size()
 
     def _busy(self) -> np.ndarray:
+        """[H] rows that must not change now: held or being read; also, while other rows are free
+        to go, rows whose copies are queued (evicting those would read them again)."""
         busy = self.refs > 0
         busy[list(self._reading)] = True
+        if self._ordered:
+            queued = np.isin(self.content, np.fromiter(self._ordered, dtype=np.int64, count=len(self._ordered)))
+            if not (busy | queued).all():
+                busy |= queued
         return busy
 
     def _place(self, uid: int, count: bool, wait: bool = True) -> int:
@@ -123,11 +130,24 @@ class HostCache:
                 self.refs[row] -= 1
                 self._lock.notify_all()
 
-    def prefetch(self, uid: int) -> None:
+    def prefetch(self, uid: int, copy: bool = False) -> None:
         """The manager needs `uid`'s row soon (a copy, an in-place read or a host-CPU expert was
-        ordered): the tier hears of it, and its read starts if the row is absent."""
+        ordered): the tier hears of it, and its read starts if the row is absent. `copy`: a copy
+        was queued (the row stays while it can until `copied`)."""
         with self._lock:
+            if copy:
+                self._ordered[uid] = self._ordered.get(uid, 0) + 1
             self._place(uid, count=True, wait=False)
+
+    def copied(self, uid: int) -> None:
+        """A queued copy of `uid` ran or was dropped."""
+        with self._lock:
+            n = self._ordered.get(uid, 0) - 1
+            if n > 0:
+                self._ordered[uid] = n
+            else:
+                self._ordered.pop(uid, None)
+                self._lock.notify_all()
 
     def read_ahead(self, limit: int) -> None:
         """The tier's reads ahead (its forecast policy), up to `limit`, started now."""

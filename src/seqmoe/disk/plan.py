@@ -106,7 +106,7 @@ class _CacheObserver:
         self.inner, self.cache = inner, cache
 
     def on_load(self, uid: int, demand: bool, deadline_step: int) -> None:
-        self.cache.prefetch(uid)
+        self.cache.prefetch(uid, copy=True)
         self.inner.on_load(uid, demand, deadline_step)
 
     def on_promote(self, uid: int) -> None:

@@ -78,6 +78,7 @@ class CopyWorker:
             try:
                 if not self.pool.wanted(uid, slot, gen):
                     self.skipped += 1
+                    self._copied(uid)
                     continue
                 if self.pool.link_s:
                     self._emulate_link()
@@ -85,6 +86,7 @@ class CopyWorker:
                     self.copies += 1
                 else:
                     self.skipped += 1
+                self._copied(uid)
             except BaseException as e:  # surfaced on the model thread by the next call
                 with self._cv:
                     self._error = e
@@ -92,6 +94,11 @@ class CopyWorker:
                     self._busy = False
                     self._cv.notify_all()
                 return
+
+    def _copied(self, uid: int) -> None:
+        """The queued copy of `uid` ran or was dropped: a disk tier's row may go now."""
+        if self.pool.cache is not None:
+            self.pool.cache.copied(uid)
 
     def _next_ready(self):
         """The first queued copy in order whose row can be copied now (lock held): with a disk tier,
