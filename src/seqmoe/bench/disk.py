@@ -9,7 +9,7 @@ The checkpoint (`checkpoint.write_checkpoint`: a published shape, seeded weights
 model is this machine's, measured first (`measure_machine`): the full-load time per token of this
 runtime (a replay that routes every position as its first one, so every expert it needs stays
 resident after one position), one expert's copy (a memory copy: the CPU's "link") and one expert's
-read from the checkpoint (the reader's own path, one at a time). Each run's simulated time per
+read from the checkpoint (the reader's own path, one at a time, while the model decodes). Each run's simulated time per
 token is the runtime's own virtual clock: the simulator's state machine and disk tier on the same
 routing, budgets and cost model. Peak resident memory is measured per run (`VmHWM`, reset first).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import threading
 import time
 
 import numpy as np
@@ -71,7 +72,7 @@ def repeated(replay: RoutingTrace, n: int) -> RoutingTrace:
 
 def _replay_run(folder, replay: RoutingTrace, probe=None, **options) -> tuple[dict, dict, float, int, list]:
     """(stats at the end, stats after warm-up, wall seconds and positions timed, argmax tokens) of one
-    streamed run; `probe(runtime)` runs before it closes. Its memory is freed before this returns."""
+    streamed run; `probe(runtime, forced)` runs before it closes. Its memory is freed before this returns."""
     import seqmoe
 
     before = _rss_bytes()
@@ -84,7 +85,7 @@ def _replay_run(folder, replay: RoutingTrace, probe=None, **options) -> tuple[di
         rt.synchronize()
         end = rt.stats() | {"dense_bytes": dense, "rss_before_load_bytes": before}
         if probe is not None:
-            probe(rt)
+            probe(rt, forced)
     finally:
         forced.remove()
         rt.close()
@@ -93,30 +94,43 @@ def _replay_run(folder, replay: RoutingTrace, probe=None, **options) -> tuple[di
     return end, marks, wall, n, outs
 
 
-def _time_reads(rt, reads: int) -> tuple[float, float]:
-    """(median seconds of one expert read from the checkpoint, of one expert row copy) on `rt`'s files,
-    reads one at a time from all over the checkpoint, as demand reads come."""
+def _time_reads(rt, forced, positions: int) -> tuple[float, float]:
+    """(median seconds of one expert read from the checkpoint, of one expert row copy), timed one at a
+    time from all over the checkpoint while the model decodes `positions` more (a read shares the
+    CPU with the model's compute, as in a run)."""
+    from seqmoe.bench.replay import _eager
+
     files, cache = rt.pool.cache.files, rt.pool.cache
     row, other = torch.empty_like(cache.buf[0]), torch.empty_like(cache.buf[0])
     rng = np.random.default_rng(0)
-    read_s, copy_s = [], []
-    for _ in range(reads):
-        l, e = int(rng.integers(rt.pool.num_layers)), int(rng.integers(rt.pool.num_experts))
-        t0 = time.perf_counter()
-        files.read_into(l, e, row)
-        read_s.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        other.copy_(row)
-        copy_s.append(time.perf_counter() - t0)
+    read_s, copy_s, done = [], [], threading.Event()
+
+    def reads():
+        while not done.is_set() or len(read_s) < 4:
+            l, e = int(rng.integers(rt.pool.num_layers)), int(rng.integers(rt.pool.num_experts))
+            t0 = time.perf_counter()
+            files.read_into(l, e, row)
+            read_s.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            other.copy_(row)
+            copy_s.append(time.perf_counter() - t0)
+
+    reader = threading.Thread(target=reads)
+    reader.start()
+    try:
+        forced.start(0)
+        _eager(rt.model, positions, torch.device("cpu"))
+    finally:
+        done.set()
+        reader.join()
     return float(np.median(read_s)), float(np.median(copy_s))
 
 
-def measure_machine(folder, replay: RoutingTrace, *, residency: float, positions: int = 12, reads: int = 8,
-                    log=print) -> dict:
+def measure_machine(folder, replay: RoutingTrace, *, residency: float, positions: int = 12, log=print) -> dict:
     """This machine's cost model for `folder`'s model (see the module doc): the hardware profile
     and what was measured."""
     got = {}
-    probe = lambda rt: got.update(times=_time_reads(rt, reads), mp=rt.model_profile)  # noqa: E731
+    probe = lambda rt, forced: got.update(times=_time_reads(rt, forced, positions), mp=rt.model_profile)  # noqa: E731
     end, marks, wall, n, _ = _replay_run(folder, repeated(replay, positions), probe, residency=residency,
                                          host_memory="1GiB", system="on-demand-lru", miss="copy")
     token_s = wall / n

@@ -42,16 +42,18 @@ class DiskPlan:
         undo.push(self.cache.close)
         return [self.cache.layer(l) for l in range(L)]
 
-    def clock(self, system, model, hardware, start):
+    def clock(self, system, model, hardware, start, pool):
         """The simulator's disk tier on the runtime's virtual clock (`sim.DiskClock`, with a tier of
         its own: the virtual clock is the simulator's figure for these budgets, a disk read priced by
         `hardware`, free when it describes no disk). The host cache's tier shares its forecast
-        inputs (use rates, forecast), and reads ahead when it does."""
+        inputs (use rates, forecast), reads ahead when it does, and sees `pool`'s published slots."""
         read_s = disk_read_s(model, hardware) if hardware.disk_bytes_per_s is not None else 0.0
         tier = HostTier(self.rows, self.num_layers, self.num_experts, policy=host_policy(system), read_s=read_s,
                         start=start)
         real = self.cache.tier
         real.rate, real.soon, real.likely = tier.rate, tier.soon, tier.likely  # the same arrays: one set of inputs
+        # Rows of experts whose copy is done go first: one with a copy still queued is needed again.
+        real.resident = lambda: (pool.table_host >= 0).reshape(-1)
         return _RuntimeClock(tier, self.cache, model=model, hardware=hardware)
 
     def first_expert(self, layer: int) -> dict[str, torch.Tensor]:
@@ -89,10 +91,6 @@ class _RuntimeClock(DiskClock):
     def __init__(self, tier, cache: HostCache, **cost) -> None:
         super().__init__(tier, **cost)
         self.cache = cache
-
-    def attach(self, manager) -> None:
-        super().attach(manager)
-        self.cache.tier.resident = self.tier.resident  # the pool the real one mirrors
 
     def after_token_start(self) -> None:
         super().after_token_start()

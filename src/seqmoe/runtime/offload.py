@@ -306,7 +306,7 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
             undo.push(learner.close)
         controller = Controller(plan.system, L, E, K, plan.meta, record=cfg.record_trace)
         controller.pregate = plan.pregate
-        clock = None if plan.disk is None else plan.disk.clock(plan.system, mp, hw, plan.start)
+        clock = None if plan.disk is None else plan.disk.clock(plan.system, mp, hw, plan.start, pool)
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start,
                                 observer=controller if clock is None else clock.observer(plan.disk.observer(controller)))
         if host is not None:  # a prompt's misses split between the link and the host by this cost model
