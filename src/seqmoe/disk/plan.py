@@ -45,8 +45,9 @@ class DiskPlan:
     def clock(self, system, model, hardware, start, pool):
         """The simulator's disk tier on the runtime's virtual clock (`sim.DiskClock`, with a tier of
         its own: the virtual clock is the simulator's figure for these budgets, a disk read priced by
-        `hardware`, free when it describes no disk). The host cache's tier shares its forecast
-        inputs (use rates, forecast), reads ahead when it does, and sees `pool`'s published slots."""
+        `hardware`, free when it describes no disk). The host cache's tier follows its decisions
+        (evicting first what it let go), shares its forecast inputs, reads ahead when it does, and
+        sees `pool`'s published slots."""
         read_s = disk_read_s(model, hardware) if hardware.disk_bytes_per_s is not None else 0.0
         tier = HostTier(self.rows, self.num_layers, self.num_experts, policy=host_policy(system), read_s=read_s,
                         start=start)
@@ -54,6 +55,7 @@ class DiskPlan:
         real.rate, real.soon, real.likely = tier.rate, tier.soon, tier.likely  # the same arrays: one set of inputs
         # Rows of experts whose copy is done go first: one with a copy still queued is needed again.
         real.resident = lambda: (pool.table_host >= 0).reshape(-1)
+        real.follow = tier.row_of  # the simulated tier decides; this one follows where its rows' use allows
         return _RuntimeClock(tier, self.cache, model=model, hardware=hardware)
 
     def first_expert(self, layer: int) -> dict[str, torch.Tensor]:

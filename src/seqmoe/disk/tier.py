@@ -39,6 +39,7 @@ DEVICE_TOKENS = 1000.0
 """Tokens added to the expected next use of a row whose expert the device pool holds (`resident`):
 the row is not needed until the device evicts it, so it goes before rows only the host has."""
 _EPS = 1e-6
+_LEAD = 1e15  # above any next-use score (LRU's are minus a count of needs)
 
 
 class NoFreeRow(RuntimeError):
@@ -80,6 +81,9 @@ class HostTier:
         self.resident = None
         """Optional: a callable giving the [L * E] mask of the uids the device pool holds (the
         manager's `present_mask`); the forecast policy evicts their rows first."""
+        self.follow = None
+        """Optional: the [L * E] `row_of` of a leading tier (the runtime's simulated one): rows it
+        does not hold are evicted first, so this tier's contents track its decisions."""
         self.disk_free_at = 0.0
         self._tick = 0.0
         self.hits = self.reads = self.ahead_reads = self.ahead_used = 0
@@ -101,11 +105,14 @@ class HostTier:
     def _next_use(self, uids: np.ndarray) -> np.ndarray:
         """Expected tokens until each of `uids` is needed again (larger: evicted first)."""
         if self.policy == "lru":
-            return -self.used_at[uids]
-        recent = self.used_at[uids] / (self._tick + 1) * 1e-3  # ties go to the least recently needed
-        nxt = np.minimum(1.0 / (self.rate[uids] + _EPS), self.soon[uids]) - recent
-        if self.resident is not None:
-            nxt = nxt + DEVICE_TOKENS * (self.resident()[uids] > 0)
+            nxt = -self.used_at[uids]
+        else:
+            recent = self.used_at[uids] / (self._tick + 1) * 1e-3  # ties go to the least recently needed
+            nxt = np.minimum(1.0 / (self.rate[uids] + _EPS), self.soon[uids]) - recent
+            if self.resident is not None:
+                nxt = nxt + DEVICE_TOKENS * (self.resident()[uids] > 0)
+        if self.follow is not None:  # rows the leading tier let go go first, in this policy's order
+            nxt = nxt + _LEAD * (self.follow[uids] < 0)
         return nxt
 
     def victim(self, busy=None) -> int:
