@@ -27,39 +27,12 @@ import torch
 from seqmoe.bench.decode import measured_hardware
 from seqmoe.bench.forced import ForcedRouting
 from seqmoe.bench.replay import _decode
+from seqmoe.proc import reset_peak, status_bytes
 from seqmoe.trace.schema import RoutingTrace
 
 _STATS = ("hit_rate", "miss_rate", "copies", "host_rows", "host_hit_rate", "disk_reads", "disk_bytes_per_token",
           "disk_ahead_reads", "disk_ahead_used", "sim_host_hit_rate", "sim_disk_bytes_per_token", "sim_disk_stall_s",
           "stall_s", "time_s", "dense_bytes", "rss_before_load_bytes", "device_expert_bytes", "host_expert_bytes")
-
-
-def _reset_peak() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM (Linux)
-    except OSError:
-        pass
-
-
-def peak_rss_bytes() -> int | None:
-    """The process's peak resident memory since the last reset (Linux), else None."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _rss_bytes() -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
-    except (OSError, StopIteration):
-        return None
 
 
 def repeated(replay: RoutingTrace, n: int) -> RoutingTrace:
@@ -75,7 +48,7 @@ def _replay_run(folder, replay: RoutingTrace, probe=None, **options) -> tuple[di
     streamed run; `probe(runtime, forced)` runs before it closes. Its memory is freed before this returns."""
     import seqmoe
 
-    before = _rss_bytes()
+    before = status_bytes("VmRSS")
     model, rt = seqmoe.load(folder, replay=replay, device="cpu", **options)
     dense = sum(p.numel() * p.element_size() for p in model.parameters())  # the experts' are stripped
     forced = ForcedRouting(model, replay)
@@ -151,7 +124,7 @@ def disk_replay_bench(folder, replay: RoutingTrace, *, systems=("on-demand-lru",
     machine = measure_machine(folder, replay, residency=residency, log=log)
     runs, first = [], None
     for system in systems:
-        _reset_peak()
+        reset_peak()
         end, marks, wall, n, outs = _replay_run(folder, replay, residency=residency, host_memory=host_memory,
                                                 system=system, miss="copy", train=train, hardware=machine["hardware"])
         sim_s = (end["time_s"] - marks["time_s"]) / (end["tokens"] - marks["tokens"])
@@ -160,7 +133,7 @@ def disk_replay_bench(folder, replay: RoutingTrace, *, systems=("on-demand-lru",
         row = {"system": system, "residency": residency, "host_memory": str(host_memory), "ms_per_token": 1e3 * measured_s,
                "sim_ms_per_token": 1e3 * sim_s, "sim_over_measured": sim_s / measured_s,
                "vs_full": machine["full_ms_per_token"] / (1e3 * measured_s), "same_tokens": outs == first,
-               "peak_rss_bytes": peak_rss_bytes(), **{k: end.get(k) for k in _STATS}}
+               "peak_rss_bytes": status_bytes("VmHWM"), **{k: end.get(k) for k in _STATS}}
         log(f"{system}: {row['ms_per_token']:.1f} ms/token (simulated {row['sim_ms_per_token']:.1f}), "
             f"{row['disk_bytes_per_token'] / 2**20:.1f} MiB read from disk per token, host hit rate "
             f"{row['host_hit_rate']:.3f}")

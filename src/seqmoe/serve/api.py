@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from seqmoe.proc import status_bytes
 from seqmoe.serve.engine import Engine, GenParams, Job, QueueFull
 from seqmoe.serve.schemas import APIError, ChatRequest, CompletionRequest, error_body
 
@@ -317,11 +318,4 @@ class _Reply:
 
 def rss_bytes() -> int | None:
     """This process's resident memory now (Linux /proc), or None where there is no /proc."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
+    return status_bytes("VmRSS")
