@@ -65,6 +65,19 @@ def test_streamed_model_equals_the_model_loaded_whole(checkpoints, arch, system,
         rt.close()
 
 
+def test_a_streamed_batch_equals_the_model_loaded_whole(checkpoints):
+    folder, full, _, _ = checkpoints["deepseek_v3"]
+    batch = torch.tensor([[0, 0, 1, 17, 42, 5], [1, 61, 9, 33, 70, 12]])
+    mask = (torch.arange(6) >= torch.tensor([[2], [0]])).long()  # left padding
+    gen = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
+    want = full.generate(batch, **gen)
+    model, rt = seqmoe.load(folder, residency=0.1, host_memory=_host_bytes(full, 0.3), system="seqmoe", miss="copy")
+    try:
+        assert torch.equal(model.generate(batch, **gen), want)
+    finally:
+        rt.close()
+
+
 def test_host_memory_without_a_checkpoint_and_too_small_are_refused(checkpoints, monkeypatch):
     folder, full, _, _ = checkpoints["mixtral"]
     with pytest.raises(UserError, match="seqmoe.load"):

@@ -70,8 +70,6 @@ class Driver:
                              f"{len(new_requests)} and {len(lanes)}")
         if len(lanes) > 1 and self.manager.twin is not None:
             raise UserError("low-bit twins pick misses by one token's gate weights: they serve batch 1 only")
-        if len(lanes) > 1 and self.disk is not None:
-            raise UserError("a disk tier (host cache in front of the disk) is modelled at batch 1 only")
         pred = self.manager.lanes()
         if pred is not None:
             for lane, new in zip(lanes, new_requests):
