@@ -208,7 +208,7 @@ _PCIE5_H2D = 50e9
 # A host's bf16 FLOP rate in expert matmuls of many rows: its cores x the rate one core sustained on
 # our 2-core development VM (AMD EPYC Zen 4, avx512_bf16, torch 2.13 CPU): one DeepSeek-V2-Lite
 # expert (2048 x 1408 SwiGLU) at 256-1024 rows ran 405-416 GFLOP/s on 2 threads, 190 on 1
-# (notes/helper_sim_prefill.md). Milan (Zen 3) has no bf16 dot-product instructions; we scale it alike,
+# (docs/LOG.md, issue 28). Milan (Zen 3) has no bf16 dot-product instructions; we scale it alike,
 # which flatters it.
 _CORE_FLOPS = 200e9
 _DESKTOP = dict(host_memory_bytes_per_s=2 * 5200e6 * 8, host_cores=16, host_flops_per_s=16 * _CORE_FLOPS)

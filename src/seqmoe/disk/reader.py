@@ -1,6 +1,6 @@
 """Reads of checkpoint byte ranges that keep the page cache out of the host cache's way.
 
-    reader = DiskReader()                   # mode: DEFAULT_MODE (measured, docs in /work/notes/disk_files.md)
+    reader = DiskReader()                   # mode: DEFAULT_MODE (measured: docs/RESULTS.md)
     f = reader.open("model-00001.safetensors")
     view = reader.read(f, offset, nbytes)   # memoryview of a thread-local scratch buffer
     reader.read_into(f, offset, [mv1, mv2]) # scatter straight into the caller's buffers

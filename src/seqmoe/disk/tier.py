@@ -32,9 +32,8 @@ POLICIES = ("lru", "forecast")
 RATE_WEIGHT = 1 / 64
 """Moving-average weight of one token in an expert's use rate (about 64 tokens' memory)."""
 AHEAD_P = float("inf")
-"""Least forecast probability of a read ahead: none by default. On DeepSeek-V2-Lite's routing every
-threshold tried (0.3, 0.6, 0.8, 1.0) read more bytes per token than none: 15-25 % of seqmoe's reads
-ahead were used (docs/RESULTS.md, "The disk tier in the simulator")."""
+"""Least forecast probability of a read ahead: none by default, since on DeepSeek-V2-Lite's routing
+every threshold tried read more bytes per token than none (docs/LOG.md, issue 29)."""
 DEVICE_TOKENS = 1000.0
 """Tokens added to the expected next use of a row whose expert the device pool holds (`resident`):
 the row is not needed until the device evicts it, so it goes before rows only the host has."""
