@@ -28,7 +28,7 @@ ALIGN = 4096
 """O_DIRECT alignment of offsets, lengths and buffer addresses (the largest logical block size in use)."""
 MODES = ("direct", "buffered")
 DEFAULT_MODE = "direct"
-"""Measured faster here for 17 MB expert reads (benchmarks/disk_read.py; numbers in the notes)."""
+"""Measured faster here for 17 MB expert reads (benchmarks/disk_read.py; docs/RESULTS.md)."""
 
 _HAS_DIRECT = hasattr(os, "O_DIRECT")
 _HAS_FADVISE = hasattr(os, "posix_fadvise")
