@@ -149,14 +149,6 @@ class HostCache:
                 self._ordered.pop(uid, None)
                 self._lock.notify_all()
 
-    def read_ahead(self, limit: int) -> None:
-        """The tier's reads ahead (its forecast policy), up to `limit`, started now."""
-        with self._lock:
-            if self.closed:
-                return
-            for uid in self.tier.plan_ahead(limit=limit, busy=self._busy(), idle_only=False):
-                self._place(uid, count=False)
-
     def reading(self, uid: int) -> bool:
         """`uid`'s row is being read from disk now (a racy look, without the lock: a hint)."""
         row = int(self.tier.row_of[uid])
@@ -178,13 +170,6 @@ class HostCache:
 
     def layer(self, layer: int) -> DiskLayer:
         return DiskLayer(self, layer)
-
-    def drain(self) -> None:
-        """Wait for every read started so far (errors stay with the rows' waiters)."""
-        with self._lock:
-            futures = list(self._reading.values())
-        for f in futures:
-            f.exception()
 
     def close(self) -> None:
         """Stop reading (reads under way finish) and close the checkpoint's files; idempotent."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from seqmoe.disk.cache import HostCache
-from seqmoe.disk.sim import AHEAD_LIMIT, DiskClock
+from seqmoe.disk.sim import DiskClock
 from seqmoe.disk.tier import HostTier, host_policy, host_rows_for
 from seqmoe.errors import UserError
 from seqmoe.precision import format_bytes, parse_bytes
@@ -46,17 +46,17 @@ class DiskPlan:
         """The simulator's disk tier on the runtime's virtual clock (`sim.DiskClock`, with a tier of
         its own: the virtual clock is the simulator's figure for these budgets, a disk read priced by
         `hardware`, free when it describes no disk). The host cache's tier follows its decisions
-        (evicting first what it let go), shares its forecast inputs, reads ahead when it does, and
-        sees `pool`'s published slots."""
+        (evicting first what it let go), shares its forecast inputs and sees `pool`'s published
+        slots. It reads nothing ahead: read-ahead is off in the tier (`tier.AHEAD_P`)."""
         read_s = disk_read_s(model, hardware) if hardware.disk_bytes_per_s is not None else 0.0
         tier = HostTier(self.rows, self.num_layers, self.num_experts, policy=host_policy(system), read_s=read_s,
                         start=start)
         real = self.cache.tier
-        real.rate, real.soon, real.likely = tier.rate, tier.soon, tier.likely  # the same arrays: one set of inputs
+        real.rate, real.soon = tier.rate, tier.soon  # the same arrays: one set of inputs
         # Rows of experts whose copy is done go first: one with a copy still queued is needed again.
         real.resident = lambda: (pool.table_host >= 0).reshape(-1)
         real.follow = tier.row_of  # the simulated tier decides; this one follows where its rows' use allows
-        return _RuntimeClock(tier, self.cache, model=model, hardware=hardware)
+        return DiskClock(tier, model=model, hardware=hardware)
 
     def first_expert(self, layer: int) -> dict[str, torch.Tensor]:
         """Expert 0 of MoE layer `layer`, read from disk: {parameter name: its slice}."""
@@ -85,18 +85,6 @@ def plan_disk(source, cfg, layout, num_layers: int, num_experts: int, top_k: int
         rows = host_rows_for(budget, layout.expert_bytes, num_layers, num_experts, top_k,
                              f"host_memory {format_bytes(budget)}")
     return DiskPlan(source, rows, layout, num_layers, num_experts)
-
-
-class _RuntimeClock(DiskClock):
-    """`DiskClock` whose token starts also start the host cache's reads ahead (its forecast policy)."""
-
-    def __init__(self, tier, cache: HostCache, **cost) -> None:
-        super().__init__(tier, **cost)
-        self.cache = cache
-
-    def after_token_start(self) -> None:
-        super().after_token_start()
-        self.cache.read_ahead(AHEAD_LIMIT)
 
 
 class _CacheObserver:
