@@ -31,7 +31,7 @@ from seqmoe.proc import reset_peak, status_bytes
 from seqmoe.trace.schema import RoutingTrace
 
 _STATS = ("hit_rate", "miss_rate", "copies", "host_rows", "host_hit_rate", "disk_reads", "disk_bytes_per_token",
-          "disk_ahead_reads", "disk_ahead_used", "sim_host_hit_rate", "sim_disk_bytes_per_token", "sim_disk_stall_s",
+          "sim_host_hit_rate", "sim_disk_bytes_per_token", "sim_disk_stall_s",
           "stall_s", "time_s", "dense_bytes", "rss_before_load_bytes", "device_expert_bytes", "host_expert_bytes")
 
 

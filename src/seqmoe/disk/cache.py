@@ -165,8 +165,7 @@ class HostCache:
         needs = t.hits + t.reads
         return {"host_rows": t.rows, "host_policy": t.policy, "disk_reads": self.reads, "disk_bytes": self.read_bytes,
                 "disk_bytes_per_token": self.read_bytes / tokens if tokens else 0.0,
-                "host_hit_rate": t.hits / needs if needs else 0.0, "disk_ahead_reads": t.ahead_reads,
-                "disk_ahead_used": t.ahead_used}
+                "host_hit_rate": t.hits / needs if needs else 0.0}
 
     def layer(self, layer: int) -> DiskLayer:
         return DiskLayer(self, layer)
