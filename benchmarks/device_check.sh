@@ -17,6 +17,8 @@
 # Quantized experts of issue 25 (QUANT=1 CHECKS=0 CPU_SUITE=0, about 2 minutes, no carry): their tests on
 # CUDA (captured steps, int8/int4 through the dequantizing gather, against the quantized full model) and
 # generate with a byte budget per precision.
+# Experts streamed from disk of issue 29 (DISK=1 CHECKS=0 CPU_SUITE=0, under a minute, no carry): generate on CUDA
+# with a host cache of 40 of seqmoe-tiny's 256 experts, inline control (the only one the disk tier runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device}
@@ -28,9 +30,9 @@ PRED=results/carry/predictor
   python3 -c "import torch, transformers, triton; print('torch', torch.__version__, 'cuda', torch.cuda.is_available(), 'transformers', transformers.__version__, 'triton', triton.__version__)"
   if [ "${CHECKS:-1}" = 1 ]; then
   echo "== GPU tests (the slot fence of issue 11: long prompts, large experts, a second request, in test_fence.py)"
-  timeout 240 python3 -m pytest -q -m gpu tests/runtime -p no:cacheprovider -rs -W ignore::FutureWarning
+  timeout 240 python3 -m pytest -q -m gpu tests/runtime -p no:cacheprovider -rfs --tb=long -W ignore::FutureWarning
   echo "== Triton kernels against the torch ops, interpreted on the CPU"
-  timeout 120 python3 -m pytest -q tests/runtime/test_thread.py -k interpreter -p no:cacheprovider -rs
+  timeout 90 python3 -m pytest -q tests/runtime/test_thread.py -k interpreter -p no:cacheprovider -rs
   echo "== decode speed and exactness, seqmoe-tiny, three engines"
   timeout 150 python3 benchmarks/cuda_decode.py --predictor $PRED --out "$OUT/cuda_decode.jsonl" 2>&1 | grep -v Warning
   echo "== seqmoe generate --graph on cuda"
@@ -68,6 +70,13 @@ PRED=results/carry/predictor
     for P in int8 int4; do
       timeout 40 python3 -m seqmoe generate --model seqmoe-tiny --device cuda --expert-dtype $P --expert-memory 2MiB \
           --prompt "def parse_args(argv):" --max-new-tokens 64 --graph --json 2>&1 | tail -4
+    done
+  fi
+  if [ "${DISK:-0}" = 1 ]; then
+    echo "== issue 29: generate on CUDA with experts streamed from the checkpoint through a host cache"
+    for S in on-demand-lru seqmoe; do
+      timeout 60 python3 -m seqmoe generate --model seqmoe-tiny --device cuda --residency 0.25 --host-memory 6MiB \
+          --system $S --prompt "def parse_args(argv):" --max-new-tokens 64 2>&1 | tail -6
     done
   fi
   if [ "${CPU_SUITE:-1}" = 1 ]; then

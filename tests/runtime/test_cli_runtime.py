@@ -66,3 +66,20 @@ def test_generate_fits_the_pool_to_a_byte_budget(checkpoint, capsys):
     assert any(f"residency {stats['residency']:.4g} (from --expert-memory 20KiB)" in line for line in out)
     with pytest.raises(UserError, match="fewer than the 2 one layer needs"):
         run_cli(argv + ["--expert-memory", "1KiB"])
+
+
+def test_generate_streams_experts_through_a_host_cache(checkpoint, capsys):
+    path, model = checkpoint
+    prompt = "Hello MoE"
+    ids = tiny_tokenizer()(prompt, return_tensors="pt")["input_ids"]
+    want = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6, do_sample=False, pad_token_id=0)
+    argv = ["generate", "--model", str(path), "--prompt", prompt, "--residency", "0.25", "--max-new-tokens", "6",
+            "--device", "cpu", "--json", "--system", "on-demand-lru"]
+    assert run_cli(argv) == 0  # the expert size, from a run without the disk tier
+    expert_bytes = json.loads(capsys.readouterr().out.splitlines()[-1])["expert_bytes"]
+    assert run_cli(argv + ["--host-memory", str(10 * expert_bytes)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == prompt + tiny_tokenizer().decode(want[0, ids.shape[1]:], skip_special_tokens=True)
+    stats = json.loads(lines[-1])
+    assert stats["host_rows"] == 10 and stats["disk_reads"] > 0 and "host_expert_s" in stats
+    assert any(line.startswith("disk: a host cache of 10 experts") for line in lines)

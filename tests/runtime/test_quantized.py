@@ -134,8 +134,10 @@ def test_a_captured_cuda_step_reads_quantized_rows(precision):
     from tests.runtime.conftest import PROMPT
 
     full = quantize_experts(fresh("qwen3_moe"), precision).cuda()
+    full.config._experts_implementation = "batched_mm"  # grouped_mm in fp32 cannot be captured
     want = DecodeGraph(full, 32).generate(torch.tensor([PROMPT]).cuda(), 8)
     model = fresh("qwen3_moe")
+    model.config._experts_implementation = "batched_mm"
     rt = offload(model, 0.3, "on-demand-lru", expert_dtype=precision, device="cuda", control="thread")
     dg = DecodeGraph(rt, 32)
     got = dg.generate(torch.tensor([PROMPT]).cuda(), 8)

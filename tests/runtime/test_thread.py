@@ -247,6 +247,7 @@ def test_triton_post_equals_the_torch_ops_on_cuda():
                     box.post(layer, torch.tensor([[step, layer, 7]], device="cuda"),
                              torch.tensor([[0.5, 0.25, 0.25]], device="cuda", dtype=torch.bfloat16),
                              torch.tensor([40 + step], device="cuda") if layer == 0 else None)
+                    torch.cuda.synchronize()  # the post runs before the host publishes the next version
         finally:
             mapped._KERNELS = kernels
         torch.cuda.synchronize()

@@ -129,7 +129,8 @@ class OffloadRuntime:
         per_token = (lambda s: 1e6 * s / tokens) if tokens else (lambda s: 0.0)
         summary = summarize(counts, expert_bytes=eb)
         if pool.cache is not None:  # the simulated disk tier's counts beside the host cache's real ones
-            summary = {(f"sim_{k}" if k.startswith(("disk_", "host_")) else k): v for k, v in summary.items()}
+            summary = {(f"sim_{k}" if k.startswith(("disk_", "host_")) and k != "host_expert_s" else k): v
+                       for k, v in summary.items()}
         return {
             "system": self.system, "residency": self.residency, "capacity": self.capacity, "miss": self.miss,
             "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": self.controller.K,
