@@ -75,6 +75,21 @@ def test_sweep_writes_jsonl_and_plots(files, capsys):
     assert main(["plot", str(out), "--out", str(files / "again")]) == 0
 
 
+def test_sweep_runs_traces_x_hardware_in_order_and_plots_them_apart(files, capsys):
+    out, plots = files / "rows.jsonl", files / "plots"
+    save_trace(make_trace(num_tokens=20, num_layers=26, num_experts=64, top_k=6, seed=3), files / "test2.safetensors")
+    traces = f"{files / 'test.safetensors'},{files / 'test2.safetensors'}"
+    args = ["sweep", "--trace", traces, "--train", str(files / "train.safetensors"), "--hardware", "h100-pcie5,rtx4090-pcie4",
+            "--systems", "on-demand-lru", "--residencies", "0.5", "--out", str(out), "--plot", str(plots)]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["num_tokens"], r["hardware_profile"]["name"]) for r in rows] == [
+        (30, "h100-pcie5"), (30, "rtx4090-pcie4"), (20, "h100-pcie5"), (20, "rtx4090-pcie4")]
+    assert len(list(plots.iterdir())) == len(METRICS)
+    assert main(args[:5] + ["--hardware", "h100-pcie5,nope"] + args[7:]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
 def test_sweep_rejects_bad_residency_before_any_work(files, capsys):
     out = files / "rows.jsonl"
     args = ["sweep", "--trace", str(files / "test.safetensors"), "--residencies", "0.5,2", "--out", str(out)]

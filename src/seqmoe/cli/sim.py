@@ -18,10 +18,10 @@ from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig
 from seqmoe.errors import UserError
 from seqmoe.manager.systems import ROLES, SYSTEMS, baselines, systems_with
-from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES
+from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES, get_hardware_profile
 from seqmoe.report.plot import plot_results
 from seqmoe.report.table import format_table, read_jsonl, write_jsonl
-from seqmoe.sim.run import load_workload, run_one, run_sweep
+from seqmoe.sim.run import load_workload, run_one, run_sweep, sweep_runs
 
 _RESIDENCIES = ",".join(map(str, DEFAULT_RESIDENCIES))
 
@@ -50,22 +50,62 @@ def cmd_sim(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    cfg = config_from_args(SimConfig, args, system="on-demand-lru", residency=1.0)
+    traces, hardware = _list(args.trace, "--trace"), _list(args.hardware, "--hardware")
+    for h in hardware:
+        get_hardware_profile(h)  # an unknown profile fails now, not in its runs
+    cfg = config_from_args(SimConfig, args, system="on-demand-lru", residency=1.0, trace=traces[0], hardware=hardware[0])
     systems, residencies = _names(args.systems), floats(args.residencies, "--residencies")
     if cfg.memory is not None and args.residencies != _RESIDENCIES:
         raise UserError("give --residencies or --memory, not both")
     dtypes = [None if p.strip() in ("", "none") else p.strip() for p in args.expert_dtypes.split(",")]
-    rows = []
-    for row in run_sweep(cfg, systems, residencies, dtypes, progress=progress(args)):
-        rows.append(row)
-        print(f"{row['system']:>26} {row['expert_dtype'] or '':>4} r={row['residency']:.2f} hit={row['hit_rate']:.4f} "
-              f"full-load={row['full_load_fraction']:.3f} bound={row['bound_fraction']:.3f}"
-              + (" " + _disk_line(row) if "host_rows" in row else ""), file=sys.stderr)
+    runs = sweep_runs(cfg, systems, residencies, dtypes, traces=traces, hardware=hardware)
+    arrived = []
+
+    def show(row: dict) -> None:
+        arrived.append(row)
+        where = [row["config"][k] for k, many in (("trace", traces), ("hardware", hardware)) if len(many) > 1]
+        print(" ".join(where + [_row_line(row)]), file=sys.stderr)
+
+    try:
+        if args.ray is not None:
+            from seqmoe.sim.ray_sweep import ray_sweep
+
+            rows = ray_sweep(runs, address=args.ray or None, progress=progress(args), on_row=show)
+        else:
+            rows = arrived
+            for row in run_sweep(cfg, systems, residencies, dtypes, progress=progress(args), keep_going=True,
+                                 traces=traces, hardware=hardware):
+                show(row)
+    except KeyboardInterrupt:
+        print(f"seqmoe: interrupted after {len(arrived)} of {len(runs)} runs; {args.out} not written", file=sys.stderr)
+        return 130
     print(format_table(rows))
     write_jsonl(rows, args.out)
-    if args.plot:
+    failed = [r for r in rows if "error" in r]
+    if args.plot and len(failed) < len(rows):
         plot_results(rows, args.plot, caption="seqmoe " + shlex.join(args.argv))
+    if failed:
+        print(f"seqmoe: {len(failed)} of {len(rows)} runs failed; their rows in {args.out} say why (\"error\")",
+              file=sys.stderr)
+        return 1
     return 0
+
+
+def _list(text: str, flag: str) -> list[str]:
+    """The comma-separated values of `flag` (a sweep runs each)."""
+    out = [x.strip() for x in text.split(",") if x.strip()]
+    if not out:
+        raise UserError(f"{flag} is empty")
+    return out
+
+
+def _row_line(row: dict) -> str:
+    """One run's line as its row arrives."""
+    head = f"{row['system']:>26} {row['expert_dtype'] or '':>4} r={row['residency']:.2f}"
+    if "error" in row:
+        return f"{head} FAILED: {row['error']}"
+    return (f"{head} hit={row['hit_rate']:.4f} full-load={row['full_load_fraction']:.3f} "
+            f"bound={row['bound_fraction']:.3f}" + (" " + _disk_line(row) if "host_rows" in row else ""))
 
 
 def _disk_line(row: dict) -> str:
@@ -132,7 +172,9 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
     sim.set_defaults(func=cmd_sim)
 
     sweep = sub.add_parser("sweep", help="replay systems x residencies into a JSONL file",
-                           description="Run every (residency, system) pair on one workload; rows go to --out.")
+                           description="Run every (trace, hardware profile, residency, precision, system) on the "
+                           "workloads; rows go to --out in that order (a run that fails gives a row saying why, and "
+                           "the exit status is 1). --trace and --hardware take comma-separated lists here.")
     add_config_flags(sweep, SimConfig, skip=("system", "residency", "expert_dtype"))
     sweep.add_argument("--systems", default="baselines",
                        help="comma-separated system names, 'baselines' (default: those that need no forecaster) or 'all'")
@@ -142,6 +184,10 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
                        "equal memory (default: none)")
     sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
     sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")
+    sweep.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",
+                       help="run each run as a Ray task (pip install 'seqmoe[ray]'): with no ADDRESS on a local Ray "
+                       "started for the sweep (a worker per core), else on the cluster at ADDRESS (auto, host:port "
+                       "or ray://host:10001; seqmoe installed on every node). Rows are the serial sweep's, in its order")
     sweep.set_defaults(func=cmd_sweep)
 
     plot = sub.add_parser("plot", help="draw hit rate, full-load and bound fraction against residency",

@@ -36,13 +36,20 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if any("system" not in r or "residency" not in r for r in rows):
+        raise UserError("a results row lacks `system` or `residency`; is this a `seqmoe sweep` file?")
+    rows = [r for r in rows if "error" not in r]  # a failed run's row has no metrics
+    if not rows:
+        raise UserError("every row is a failed run's (`error`): nothing to plot")
+    hardware, trace = (lambda r: r.get("hardware_profile", {}).get("name")), (lambda r: r.get("config", {}).get("trace"))
+    apart = [f for f in (hardware, trace) if len({f(r) for r in rows}) > 1]  # sweeps over profiles or traces
     series: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
-        if "system" not in r or "residency" not in r:
-            raise UserError("a results row lacks `system` or `residency`; is this a `seqmoe sweep` file?")
-        series[r["system"] + (f" ({r['expert_dtype']})" if r.get("expert_dtype") else "")].append(r)
+        series[" ".join([r["system"] + (f" ({r['expert_dtype']})" if r.get("expert_dtype") else "")]
+                        + [str(f(r)) for f in apart])].append(r)
     first = rows[0]
-    where = f"{first.get('model_profile', {}).get('name', '?')} on {first.get('hardware_profile', {}).get('name', '?')}, {first.get('num_tokens', '?')} tokens"
+    on = "each hardware profile" if hardware in apart else hardware(first) or "?"
+    where = f"{first.get('model_profile', {}).get('name', '?')} on {on}, {first.get('num_tokens', '?')} tokens"
     written = []
     role = {n: SYSTEMS[s[0]["system"]].role if s[0]["system"] in SYSTEMS else "baseline"  # unknown: plain lines
             for n, s in series.items()}

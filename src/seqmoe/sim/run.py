@@ -10,6 +10,7 @@ import dataclasses
 import platform
 import subprocess
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,9 @@ from seqmoe.trace.schema import RoutingTrace, check_dims
 from seqmoe.trace.split import split_trace
 
 SCHEMA_VERSION = 1
+WALL_CLOCK_FIELDS = ("sim_wall_s", "activations_per_s", "decision_us_per_token")
+"""Fields of a row measured on the clock of the machine that ran it: they differ between runs of one
+configuration (serial or as Ray tasks); every other field is the same."""
 
 
 @dataclass(frozen=True)
@@ -162,13 +166,51 @@ def _plan(w: Workload, batch: int, admission: str):
     return w.plans[batch, admission]
 
 
-def run_sweep(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, workload: Workload | None = None,
-              progress: bool = False):
-    """Yield one result row per (residency, expert precision, system), residencies outermost (with
-    `cfg.memory` the residencies are left out: the budget sets the slots)."""
+def sweep_runs(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, traces=None,
+               hardware=None) -> list[SimConfig]:
+    """Every run of a sweep, in its order: `traces` (default: `cfg.trace`) outermost, then `hardware`
+    profiles (default: `cfg.hardware`), residencies (with `cfg.memory` left out: the budget sets the
+    slots), expert precisions, and systems innermost. Each is checked as it is built."""
     residencies = [cfg.residency] if cfg.memory is not None else residencies
-    runs = [dataclasses.replace(cfg, system=name, residency=r, expert_dtype=p)  # each checked as it is built
+    return [dataclasses.replace(cfg, trace=t, hardware=h, system=name, residency=r, expert_dtype=p)
+            for t in traces or [cfg.trace] for h in hardware or [cfg.hardware]
             for r in residencies for p in expert_dtypes for name in systems]
-    w = workload or load_workload(cfg)
-    for run in runs:
-        yield run_one(w, run, progress=progress)
+
+
+def run_sweep(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, workload: Workload | None = None,
+              progress: bool = False, keep_going: bool = False, **grid):
+    """Yield one result row per run of `sweep_runs(cfg, systems, residencies, expert_dtypes, **grid)`,
+    loading each trace once (`workload`: that of `cfg.trace`, already loaded). `keep_going`: a run
+    that fails gives its `error_row` and the sweep goes on."""
+    workloads = {} if workload is None else {cfg.trace: workload}
+    for run in sweep_runs(cfg, systems, residencies, expert_dtypes, **grid):
+        if run.trace not in workloads:
+            workloads[run.trace] = load_workload(run)
+        w = with_hardware(workloads[run.trace], run.hardware)
+        yield run_or_error(w, run, progress=progress) if keep_going else run_one(w, run, progress=progress)
+
+
+def with_hardware(w: Workload, hardware: str) -> Workload:
+    """`w` on the hardware profile `hardware`, sharing its caches (none depends on the hardware)."""
+    return w if w.hardware.name == hardware else dataclasses.replace(w, hardware=get_hardware_profile(hardware))
+
+
+def run_or_error(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
+    """`run_one(w, cfg)`, or its `error_row` if the run fails."""
+    try:
+        return run_one(w, cfg, progress=progress)
+    except Exception as e:  # the run's own error: reported in its row
+        return error_row(cfg, e)
+
+
+def error_row(cfg: SimConfig, error: BaseException | str) -> dict:
+    """The row of a run that failed: what it was and why (`error`; `traceback` unless a UserError)."""
+    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": cfg.residency,
+           "expert_dtype": cfg.expert_dtype, "error": error if isinstance(error, str) else _describe(error)}
+    if isinstance(error, BaseException) and not isinstance(error, UserError):
+        row["traceback"] = "".join(traceback.format_exception(error))
+    return row | {"config": cfg.to_dict(), "config_hash": cfg.config_hash(), "host": host_info()}
+
+
+def _describe(error: BaseException) -> str:
+    return str(error) if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
