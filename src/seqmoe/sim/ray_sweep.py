@@ -97,7 +97,8 @@ def _run_all(ray, runs: list[SimConfig], progress: bool, on_row, loaded: dict[st
                 try:
                     rows[i] = ray.get(done)
                 except ray.exceptions.RayError as e:  # its worker died more than MAX_RETRIES times, or Ray failed
-                    rows[i] = error_row(runs[i], f"the Ray task failed after {MAX_RETRIES} retries: {e}")
+                    rows[i] = error_row(runs[i], f"its Ray task failed (a dead worker's is retried {MAX_RETRIES} "
+                                                 f"times): {e}")
                 bar.update()
                 if on_row is not None:
                     with tqdm.external_write_mode(file=sys.stderr):  # lines printed above the bar
