@@ -18,7 +18,7 @@ from pathlib import Path
 from puffin_split import add_shared_flag, deepseek_or_tiny
 
 from seqmoe.config import DEFAULT_HARDWARE, SimConfig
-from seqmoe.report.table import write_jsonl
+from seqmoe.sim.report.table import write_jsonl
 from seqmoe.sim.run import load_workload, run_one
 
 COLUMNS = (("tokens_per_s", "tokens/s", "{:.0f}"), ("full_load_tokens_per_s", "full load tokens/s", "{:.0f}"),

@@ -49,8 +49,8 @@ def full_load_reference(tokens: int):
     """(training trace, seqmoe-tiny at float32, held-out requests of about `tokens` tokens (whole
     requests), `decode` of them at full load); the perplexity is printed on stderr (also
     `twin_quality.py`'s)."""
-    from seqmoe.collect import load_model
-    from seqmoe.tiny.traces import load_demo_traces
+    from seqmoe.arch.collect import load_model
+    from seqmoe.arch.tiny.traces import load_demo_traces
 
     train, test = load_demo_traces()
     off, requests = test.request_offsets, []
@@ -78,9 +78,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    from seqmoe.collect import collect_trace
+    from seqmoe.arch.collect import collect_trace
     from seqmoe.config import DEFAULT_HARDWARE
-    from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement
+    from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, start_placement
     from seqmoe.runtime import offload
     from seqmoe.sim import simulate
 

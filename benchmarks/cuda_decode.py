@@ -20,12 +20,12 @@ import traceback
 
 import torch
 
-from seqmoe.collect import load_model
+from seqmoe.arch.collect import load_model
 from seqmoe.config import COMPARED_SYSTEMS
-from seqmoe.manager import system_spec
+from seqmoe.brain.manager import system_spec
 from seqmoe.runtime import offload
 from seqmoe.runtime.posted.graph import DecodeGraph
-from seqmoe.tiny.traces import TRAIN_FILE
+from seqmoe.arch.tiny.traces import TRAIN_FILE
 from seqmoe.trace.io import load_trace
 
 PROMPT = "def parse_args(argv):\n    parser = argparse.ArgumentParser("

@@ -4,7 +4,7 @@
 
 Writes a scratch file of random bytes (fsynced, its pages dropped from the page cache), reads
 `--reads` ranges of `--read-mb` at random offsets not aligned to 4096 (as safetensors tensors lie)
-through `seqmoe.disk.reader.DiskReader` in each mode and thread count, prints MB/s and per-read
+through `seqmoe.runtime.disk.reader.DiskReader` in each mode and thread count, prints MB/s and per-read
 latency (p50, p90), then one JSON line; the scratch file is removed at the end.
 
 `--expert-files` then writes a DeepSeek-V2-Lite-shaped bf16 checkpoint of one MoE layer (H 2048,
@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from seqmoe.arch.layout import ExpertLayout
-from seqmoe.disk.checkpoint import ExpertFiles
-from seqmoe.disk.reader import MODES, DiskReader
+from seqmoe.runtime.disk.checkpoint import ExpertFiles
+from seqmoe.runtime.disk.reader import MODES, DiskReader
 
 H, I = 2048, 1408  # DeepSeek-V2-Lite's hidden and expert intermediate sizes
 

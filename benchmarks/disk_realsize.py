@@ -6,7 +6,7 @@ weights, a host cache smaller than its experts, routers forced to the real Puffi
 
 Measures this machine's cost model first (full-load time per token, one expert's copy and disk
 read), then each system's measured time per token next to the simulator's for the same budgets, the
-bytes read from disk per token and the peak resident memory (`seqmoe.bench.disk`). Prints a table;
+bytes read from disk per token and the peak resident memory (`seqmoe.runtime.timing.disk`). Prints a table;
 --out writes the JSON lines (setup first) whole at the end. Skips cleanly without ../shared.
 """
 
@@ -53,9 +53,9 @@ def main(argv=None) -> int:
         return 0
     import torch
 
-    from seqmoe.bench.checkpoint import write_checkpoint
-    from seqmoe.bench.disk import disk_replay_bench
-    from seqmoe.errors import UserError
+    from seqmoe.runtime.timing.checkpoint import write_checkpoint
+    from seqmoe.runtime.timing.disk import disk_replay_bench
+    from seqmoe.base.errors import UserError
 
     torch.set_num_threads(args.threads)
     try:

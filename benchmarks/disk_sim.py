@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from puffin_split import add_shared_flag, puffin_split  # noqa: E402
 
 from seqmoe.config import SimConfig  # noqa: E402
-from seqmoe.disk.tier import POLICIES  # noqa: E402
-from seqmoe.report.table import write_jsonl  # noqa: E402
+from seqmoe.brain.manager.host_tier import POLICIES  # noqa: E402
+from seqmoe.sim.report.table import write_jsonl  # noqa: E402
 from seqmoe.sim.run import load_workload, run_one  # noqa: E402
 
 

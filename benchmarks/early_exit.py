@@ -25,8 +25,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from seqmoe.collect import load_model
-    from seqmoe.tiny.traces import load_demo_traces
+    from seqmoe.arch.collect import load_model
+    from seqmoe.arch.tiny.traces import load_demo_traces
 
     _, test = load_demo_traces()
     model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")

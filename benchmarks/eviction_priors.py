@@ -13,13 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from seqmoe.cache import belady_misses
-from seqmoe.cache.forecast import ForecastPolicy
-from seqmoe.cache.lru import LRUPolicy
-from seqmoe.cache.reuse import NUM_COUNT_CLASSES
+from seqmoe.brain.policies import belady_misses
+from seqmoe.brain.policies.forecast import ForecastPolicy
+from seqmoe.brain.policies.lru import LRUPolicy
+from seqmoe.brain.policies.reuse import NUM_COUNT_CLASSES
 from seqmoe.config import DEFAULT_RESIDENCIES
-from seqmoe.manager import System, capacity_for, start_placement
-from seqmoe.profiles import get_hardware_profile, get_model_profile
+from seqmoe.brain.manager import System, capacity_for, start_placement
+from seqmoe.costs.profiles import get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.trace.io import load_trace
 

@@ -4,14 +4,14 @@
 
 1. recall@K of the trained forecaster (`SeqPredictor.forecast`, recursion past the next token) at
    1, 2, 5, 10 and 20 tokens ahead, scored after each token's first layer: no drafts, the n-gram
-   drafter (`seqmoe.predict.drafters.NgramDrafter`, its hit rates counted on the training split),
+   drafter (`seqmoe.brain.predict.drafters.NgramDrafter`, its hit rates counted on the training split),
    and the true next tokens (the ceiling of drafting).
 2. The simulator (`h100-pcie5`, copy-only): each lever alone (`SIM_RUNS`) against the two-token
    forecast and `moe-infinity-style`, as copies / Belady's misses and time.
 
 Workloads: seqmoe-tiny's held-out routing (train: its training routing), and DeepSeek-V2-Lite's last
 200 Puffin prompts (train: the other 1,599; skipped when ../shared is absent). The forecasters are
-trained once per training split and cached (`seqmoe.predict.checkpoints.seq_predictor_for`).
+trained once per training split and cached (`seqmoe.brain.predict.checkpoints.seq_predictor_for`).
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pathlib import Path
 
 from puffin_split import add_shared_flag, puffin_split
 from seqmoe.config import SimConfig
-from seqmoe.predict.checkpoints import seq_predictor_for
-from seqmoe.predict.drafters import TrueTokenDrafter, make_drafter
-from seqmoe.predict.evaluate import evaluate_predictor
+from seqmoe.brain.predict.checkpoints import seq_predictor_for
+from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
+from seqmoe.brain.predict.evaluate import evaluate_predictor
 from seqmoe.sim.run import load_workload, run_one
-from seqmoe.tiny.traces import load_demo_traces
+from seqmoe.arch.tiny.traces import load_demo_traces
 
 HORIZON_TOKENS = (1, 2, 5, 10, 20)
 SIM_RUNS = (("seqmoe-no-far-head", "none"), ("seqmoe-no-far-head", "ngram"), ("seqmoe-oracle-draft", "none"),

@@ -6,8 +6,8 @@ seqmoe-tiny text it never saw, with a*exp(-b*t)+c fitted to each curve.
 The shipped seqmoe-tiny traces hold no pre-gate scores, so their requests (the same token ids) are
 collected again with `pregate = L - 1` (cached under --cache). The history forecaster is the
 seq2seq one (`--predictor`, trained on seqmoe-tiny's training routing); the fusion's weights per
-distance are fitted on the training routing (`seqmoe.predict.pregate.fit_alphas`), then every
-predictor is scored on the held-out routing (`seqmoe.predict.evaluate`).
+distance are fitted on the training routing (`seqmoe.brain.predict.pregate.fit_alphas`), then every
+predictor is scored on the held-out routing (`seqmoe.brain.predict.evaluate`).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def _with_pregate(trace, path: str):
 
     if os.path.exists(path):
         return load_trace(path)
-    from seqmoe.collect import collect_trace, load_model
+    from seqmoe.arch.collect import collect_trace, load_model
 
     model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
     off = trace.request_offsets
@@ -65,10 +65,10 @@ def main(argv=None) -> int:
 
     import torch
 
-    from seqmoe.predict.evaluate import evaluate_predictors
-    from seqmoe.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
-    from seqmoe.predict.checkpoints import load_seq_predictor
-    from seqmoe.tiny.traces import load_demo_traces
+    from seqmoe.brain.predict.evaluate import evaluate_predictors
+    from seqmoe.brain.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
+    from seqmoe.brain.predict.checkpoints import load_seq_predictor
+    from seqmoe.arch.tiny.traces import load_demo_traces
 
     torch.set_num_threads(1)
     train, test = load_demo_traces()

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from seqmoe.report.table import read_jsonl
-from seqmoe.errors import UserError
+from seqmoe.sim.report.table import read_jsonl
+from seqmoe.base.errors import UserError
 
 
 def ladder(rows: list[dict], systems: list[str] | None = None) -> str:

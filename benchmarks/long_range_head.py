@@ -25,16 +25,16 @@ import sys
 import numpy as np
 from puffin_split import add_shared_flag, puffin_split
 
-from seqmoe.cache import belady_misses
-from seqmoe.cache.forecast import ForecastPolicy
-from seqmoe.manager import System, capacity_for, start_placement
-from seqmoe.predict.buckets import trace_buckets
-from seqmoe.predict.base import Forecast
-from seqmoe.predict.checkpoints import seq_predictor_for
-from seqmoe.predict.far_head import RHO, fit_far_head, gru_states, tokens_to_next_use
-from seqmoe.predict.seqmodel import SeqPredictor
-from seqmoe.profiles import get_hardware_profile, get_model_profile
-from seqmoe.schedule.deadline import DeadlinePrefetcher
+from seqmoe.brain.policies import belady_misses
+from seqmoe.brain.policies.forecast import ForecastPolicy
+from seqmoe.brain.manager import System, capacity_for, start_placement
+from seqmoe.brain.predict.buckets import trace_buckets
+from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.checkpoints import seq_predictor_for
+from seqmoe.brain.predict.far_head import RHO, fit_far_head, gru_states, tokens_to_next_use
+from seqmoe.brain.predict.seqmodel import SeqPredictor
+from seqmoe.costs.profiles import get_hardware_profile, get_model_profile
+from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
 from seqmoe.sim import simulate
 
 
@@ -43,8 +43,8 @@ def fit_joint(train, cfg, epochs, seed=0):
     import torch
     from tqdm import tqdm
 
-    from seqmoe.predict import train as T
-    from seqmoe.predict.seqnet import SeqNet
+    from seqmoe.brain.predict import train as T
+    from seqmoe.brain.predict.seqnet import SeqNet
 
     torch.manual_seed(seed)
     net, head = SeqNet(cfg), torch.nn.Linear(cfg.hidden_dim, cfg.num_layers * cfg.num_experts)

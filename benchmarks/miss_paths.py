@@ -20,10 +20,10 @@ import sys
 from pathlib import Path
 
 from puffin_split import add_shared_flag, puffin_split
-from seqmoe.report.table import write_jsonl
+from seqmoe.sim.report.table import write_jsonl
 from seqmoe.config import SimConfig
-from seqmoe.host_cost import host_expert_time_s
-from seqmoe.profiles import copy_time_s
+from seqmoe.costs.host_cost import host_expert_time_s
+from seqmoe.costs.profiles import copy_time_s
 from seqmoe.sim.run import load_workload, run_sweep
 
 RUNS = (("on-demand-lru", "copy"), ("on-demand-lru", "auto"), ("cpu-all", "cpu"), ("static-split-style", "cpu"),

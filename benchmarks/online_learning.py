@@ -4,7 +4,7 @@
 
 Each workload's unseen prompts are replayed in order. Online (`SimConfig.online`): no training data
 at all, every pool starts empty, `seqmoe` learns its forecaster and its prior from the replayed
-routing on the runtime's schedule (`seqmoe.predict.online`). Offline: `seqmoe` with the forecaster
+routing on the runtime's schedule (`seqmoe.brain.predict.online`). Offline: `seqmoe` with the forecaster
 trained on the workload's training split (cached) and that split's prior and start placement.
 Reported per residency: decode time over the whole replay and over its second half (the windows
 of `window_tokens` = half the tokens), and the online run's swaps. Workloads: seqmoe-tiny's held-out
@@ -25,7 +25,7 @@ from pathlib import Path
 from puffin_split import add_shared_flag, puffin_split
 from seqmoe.config import SimConfig
 from seqmoe.sim.run import load_workload, run_one
-from seqmoe.tiny.traces import load_demo_traces
+from seqmoe.arch.tiny.traces import load_demo_traces
 
 RUNS = (("on-demand-lru", True), ("seqmoe", True), ("seqmoe", False))
 

@@ -3,7 +3,7 @@ costs the decode step.
 
     python benchmarks/online_live.py [--new-tokens 128] [--out results/online_live.json]
 
-`seqmoe bench-runtime`'s harness (`seqmoe.bench.decode.bench_runtime`: seqmoe-tiny, its built-in
+`seqmoe bench-runtime`'s harness (`seqmoe.runtime.timing.decode.bench_runtime`: seqmoe-tiny, its built-in
 prompts, greedy decode over the emulated link, one torch thread) with no training trace and no
 forecaster (`online=True`):
 1. cold: `on-demand-lru` and `seqmoe` each from an empty pool and an empty cache;
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from seqmoe.bench.decode import bench_runtime, format_table
-from seqmoe.collect import load_model
+from seqmoe.runtime.timing.decode import bench_runtime, format_table
+from seqmoe.arch.collect import load_model
 from seqmoe.config import OffloadConfig
 
 RESIDENCIES = (0.25, 0.45)

@@ -24,7 +24,7 @@ import numpy as np
 
 from puffin_split import add_shared_flag, mixtral_split, puffin_split
 from seqmoe.config import SimConfig
-from seqmoe.profiles import get_model_profile
+from seqmoe.costs.profiles import get_model_profile
 from seqmoe.sim.run import load_workload, run_sweep
 
 PRECISIONS = (None, "int8", "fp8", "int4")

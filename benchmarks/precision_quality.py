@@ -51,8 +51,8 @@ def main() -> int:
     import torch
 
     import seqmoe
-    from seqmoe.collect import load_model
-    from seqmoe.tiny.traces import load_demo_traces
+    from seqmoe.arch.collect import load_model
+    from seqmoe.arch.tiny.traces import load_demo_traces
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     _, test = load_demo_traces()

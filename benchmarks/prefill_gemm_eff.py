@@ -14,7 +14,7 @@ import sys
 import torch
 
 H, I, E = 2048, 1408, 64
-PEAK = 989.4e12  # H100/H200 dense bf16 FLOP/s (datasheet), as in seqmoe.presets
+PEAK = 989.4e12  # H100/H200 dense bf16 FLOP/s (datasheet), as in seqmoe.costs.presets
 
 
 def timed(fn, reps: int = 20) -> float:

@@ -23,7 +23,7 @@ import numpy as np
 from puffin_split import add_shared_flag, deepseek_or_tiny
 
 from seqmoe.config import DEFAULT_HARDWARE, SimConfig
-from seqmoe.report.table import write_jsonl
+from seqmoe.sim.report.table import write_jsonl
 from seqmoe.sim.prefill import full_load_time, prefill_costs, prefill_time, prompt_rows, prompt_starts
 from seqmoe.sim.run import load_workload, run_one
 

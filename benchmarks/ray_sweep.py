@@ -29,7 +29,7 @@ from puffin_split import add_shared_flag, puffin_split  # noqa: E402
 from seqmoe.config import SimConfig  # noqa: E402
 from seqmoe.sim.ray_sweep import ray_sweep  # noqa: E402
 from seqmoe.sim.run import WALL_CLOCK_FIELDS, load_workload, run_sweep, sweep_runs  # noqa: E402
-from seqmoe.tiny.traces import TEST_FILE, TRAIN_FILE  # noqa: E402
+from seqmoe.arch.tiny.traces import TEST_FILE, TRAIN_FILE  # noqa: E402
 
 REFERENCE_SYSTEMS = "on-demand-lfu,mixtral-offloading-style,moe-infinity-style,affinity-style,expertflow-style"
 

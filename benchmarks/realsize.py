@@ -6,7 +6,7 @@ real trace, decoded at full load and offloaded; measured time per token next to 
     python benchmarks/realsize.py --arch deepseek-v2-lite ... --width-divisor 16 --tokens 150   # CPU version
 
 Prints a table and writes one JSON object per run (and one for the setup) to --out.
-See `seqmoe.bench.replay` for what is timed and how the cost model is measured.
+See `seqmoe.runtime.timing.replay` for what is timed and how the cost model is measured.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import os
 import sys
 
 from seqmoe.config import COMPARED_RESIDENCIES
-from seqmoe.manager.miss_paths import MISS_PATHS
+from seqmoe.brain.manager.miss_paths import MISS_PATHS
 
 DEFAULT_SYSTEMS = "on-demand-lru,seqmoe,moe-infinity-style,belady,oracle-prefetch"
 
@@ -62,11 +62,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    from seqmoe.errors import UserError
-    from seqmoe.manager.systems import SYSTEMS
+    from seqmoe.base.errors import UserError
+    from seqmoe.brain.manager.systems import SYSTEMS
     from seqmoe.arch.published import build_model
-    from seqmoe.bench.forced import layers_of
-    from seqmoe.bench.replay import format_rows, replay_bench
+    from seqmoe.runtime.timing.forced import layers_of
+    from seqmoe.runtime.timing.replay import format_rows, replay_bench
     from seqmoe.trace.io import load_trace
     from seqmoe.trace.split import split_trace
 

@@ -9,7 +9,7 @@ profile it writes `OUT/HARDWARE.jsonl` (one row per system and residency), the p
 `OUT/RESULTS.md`; the tables are also printed, then one JSON line with the rows' file names.
 
 Without --predictor it trains the forecaster on the training prompts once (about 10 minutes) and
-caches it (`seqmoe.predict.checkpoints`). --max-tokens (default 1000, 0 = all) replays the first N test
+caches it (`seqmoe.brain.predict.checkpoints`). --max-tokens (default 1000, 0 = all) replays the first N test
 tokens, the same for every system: the Python-only systems (seqmoe-greedy-prefetch,
 seqmoe-oracle-forecast) take 10-45 ms per token. Exits 0 with a note when ../shared is absent.
 """
@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 
 from puffin_split import add_shared_flag, puffin_split
-from seqmoe.report.plot import plot_results
-from seqmoe.report.table import write_jsonl
+from seqmoe.sim.report.plot import plot_results
+from seqmoe.sim.report.table import write_jsonl
 from seqmoe.config import SimConfig
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCIES
-from seqmoe.errors import UserError
-from seqmoe.manager.systems import oracles, system_spec, systems_with
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.systems import oracles, system_spec, systems_with
 from seqmoe.sim.run import load_workload, run_sweep
 
 TABLES = {"hit_rate": "Hit rate (ready + late)", "full_load_fraction": "Full-load fraction (full-load time / time)",

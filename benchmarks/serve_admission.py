@@ -49,7 +49,7 @@ class Bench:
 
     def __init__(self, rule: str, args, requests: list[tuple[str, int]]) -> None:
         from seqmoe.config import LoadConfig, OffloadConfig
-        from seqmoe.serve.load import load_engine
+        from seqmoe.serve.startup import load_engine
 
         expert_bytes = 3 * 160 * 80 * 4  # seqmoe-tiny: hidden 160, expert intermediate 80, fp32
         cfg = OffloadConfig(residency=args.residency, system=args.system, device="cpu", emulate_link=True,
@@ -67,7 +67,7 @@ class Bench:
 
     def round(self) -> dict:
         """Every request queued, then admitted by the rule; the round's wall time, texts, waits."""
-        from seqmoe.serve.engine import GenParams, Job
+        from seqmoe.serve.batcher import GenParams, Job
 
         engine, requests, ids = self.served.engine, self.requests, self.ids
         n = len(requests)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 
 def _burst(served, prompts: list[list[int]], max_tokens: int) -> None:
-    from seqmoe.serve.engine import GenParams, Job
+    from seqmoe.serve.batcher import GenParams, Job
 
     for i, ids in enumerate(prompts):
         done, failed = threading.Event(), []
@@ -55,17 +55,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.bursts < 2:
         p.error("--bursts must be at least 2")
 
-    from seqmoe.manager import system_spec
+    from seqmoe.brain.manager import system_spec
     from seqmoe.serve.api import rss_bytes
     from seqmoe.config import LoadConfig, OffloadConfig
-    from seqmoe.serve.load import load_engine
-    from seqmoe.tiny.traces import TRAIN_FILE
+    from seqmoe.serve.startup import load_engine
+    from seqmoe.arch.tiny.traces import TRAIN_FILE
 
     train = str(TRAIN_FILE)
     with tempfile.TemporaryDirectory() as tmp:
         predictor = None
         if system_spec(args.system).needs_predictor:
-            from seqmoe.predict.train import train_seq_predictor
+            from seqmoe.brain.predict.train import train_seq_predictor
             from seqmoe.trace.io import load_trace
 
             predictor = str(Path(tmp) / "predictor")

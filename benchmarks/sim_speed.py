@@ -3,7 +3,7 @@
     python benchmarks/sim_speed.py [--predictor DIR] [--systems a,b] [--tokens 1000] [--shared ../shared]
 
 Two workloads, both replayed at residency 0.45 on h100-pcie5 with each system's own manager (the
-compiled one where the system has it, `seqmoe.manager.build_manager`):
+compiled one where the system has it, `seqmoe.brain.manager.build_manager`):
 - DeepSeek-V2-Lite dimensions (26 layers x 64 experts, top-6): the first --tokens of the last
   200 Puffin prompts of ../shared, the other prompts train; the seqmoe systems need --predictor
   (a forecaster trained on those prompts, `seqmoe train`) and are skipped without it. Skipped
@@ -29,8 +29,8 @@ import sys  # noqa: E402
 
 
 from seqmoe.config import SimConfig  # noqa: E402
-from seqmoe.errors import UserError  # noqa: E402
-from seqmoe.manager.systems import SYSTEMS, system_spec  # noqa: E402
+from seqmoe.base.errors import UserError  # noqa: E402
+from seqmoe.brain.manager.systems import SYSTEMS, system_spec  # noqa: E402
 from seqmoe.sim.run import load_workload, run_one  # noqa: E402
 from puffin_split import add_shared_flag, puffin_split  # noqa: E402
 
@@ -43,8 +43,8 @@ def _workloads(args):
         cfg = SimConfig(trace="puffin[-200:]", train="puffin[:-200]", residency=args.residency,
                         max_tokens=args.tokens, predictor=args.predictor)
         yield "deepseek-v2-lite", cfg, train, test
-    from seqmoe.demo import demo_predictor
-    from seqmoe.tiny.traces import load_demo_traces
+    from seqmoe.cli.demo import demo_predictor
+    from seqmoe.arch.tiny.traces import load_demo_traces
 
     train, test = load_demo_traces()
     cfg = SimConfig(trace="embedded:seqmoe-tiny-test", train="embedded:seqmoe-tiny-train", model_profile="seqmoe-tiny",

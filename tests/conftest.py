@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqmoe.profiles import HardwareProfile, ModelProfile
+from seqmoe.costs.profiles import HardwareProfile, ModelProfile
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 
@@ -31,7 +31,7 @@ def make_trace(num_tokens=120, num_layers=3, num_experts=8, top_k=2, num_request
 def drive(manager, trace: RoutingTrace) -> None:
     """Feed `trace` to `manager` as one request through a `Driver`, token by token (unlike `simulate`,
     the caller keeps the manager to inspect)."""
-    from seqmoe.manager import Driver
+    from seqmoe.brain.manager import Driver
 
     d = Driver(manager)
     for t in range(trace.num_tokens):
@@ -89,7 +89,7 @@ def shared_traces() -> Path:
 def tiny_forecaster(tmp_path_factory):
     """(folder, train, test): a seq2seq forecaster trained for one quick epoch on a random trace."""
     pytest.importorskip("torch")
-    from seqmoe.predict.train import train_seq_predictor
+    from seqmoe.brain.predict.train import train_seq_predictor
     from seqmoe.trace.io import save_trace
 
     d = tmp_path_factory.mktemp("seq")

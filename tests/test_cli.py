@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from seqmoe.report.plot import METRICS
+from seqmoe.sim.report.plot import METRICS
 from seqmoe.cli import main
-from seqmoe.profiles import get_model_profile
+from seqmoe.costs.profiles import get_model_profile
 from seqmoe.trace.io import save_trace
 from tests.conftest import make_trace
 

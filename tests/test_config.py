@@ -17,7 +17,7 @@ import pytest
 from seqmoe.cli import build_parser
 from seqmoe.cli.args import field_docs
 from seqmoe.config import CLI, LoadConfig, OffloadConfig
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 BAD_OPTIONS = [
     (["--miss", "nope"], "unknown miss path 'nope'"),

@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from seqmoe.errors import UserError
-from seqmoe.host_cost import host_expert_time_s
-from seqmoe.presets import swiglu_bytes
-from seqmoe.profiles import (
+from seqmoe.base.errors import UserError
+from seqmoe.costs.host_cost import host_expert_time_s
+from seqmoe.costs.presets import swiglu_bytes
+from seqmoe.costs.profiles import (
     HARDWARE_PROFILES,
     MODEL_PROFILES,
     HardwareProfile,
@@ -100,7 +100,7 @@ def test_other_presets_are_plausible():
 
 
 def test_seqmoe_tiny_preset_matches_the_shipped_config():
-    from seqmoe.tiny import MODEL_DIR
+    from seqmoe.arch.tiny import MODEL_DIR
 
     if not (MODEL_DIR / "config.json").is_file():
         pytest.skip("seqmoe-tiny is not in this install")

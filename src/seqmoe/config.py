@@ -18,18 +18,18 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from seqmoe.errors import UserError
-from seqmoe.manager.miss_paths import DEFAULT_TWIN_BUDGET, check_miss, check_twin
-from seqmoe.manager.placement import check_residency
-from seqmoe.manager.systems import live_systems, system_spec
-from seqmoe.model_dirs import DTYPES, resolve_model_dir
-from seqmoe.precision import check_precision, parse_bytes
-from seqmoe.predict.drafters import check_draft
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.miss_paths import DEFAULT_TWIN_BUDGET, check_miss, check_twin
+from seqmoe.brain.manager.placement import check_residency
+from seqmoe.brain.manager.systems import live_systems, system_spec
+from seqmoe.arch.model_dirs import DTYPES, resolve_model_dir
+from seqmoe.costs.precision import check_precision, parse_bytes
+from seqmoe.brain.predict.drafters import check_draft
 from seqmoe.sim.lockstep import ADMISSIONS
-from seqmoe.profiles import HardwareProfile, get_hardware_profile, get_model_profile
-from seqmoe.disk.sim import host_rows
-from seqmoe.disk.tier import POLICIES as HOST_POLICIES
-from seqmoe.rerouting import ROUTINGS, check_routing
+from seqmoe.costs.profiles import HardwareProfile, get_hardware_profile, get_model_profile
+from seqmoe.brain.manager.disk_clock import host_rows
+from seqmoe.brain.manager.host_tier import POLICIES as HOST_POLICIES
+from seqmoe.brain.rerouting import ROUTINGS, check_routing
 
 DEFAULT_SYSTEM = "on-demand-lru"
 """The system of a replay when none is named: the plain demand-paging baseline every comparison starts from."""
@@ -89,7 +89,7 @@ class SimConfig:
     (cached), or with --online learn one from the replayed routing."""
     online: bool = False
     """Replay with no training data: every system starts from an empty pool, and the seqmoe systems learn
-    their forecaster from the replayed routing as the runtime does (`seqmoe.predict.online`)."""
+    their forecaster from the replayed routing as the runtime does (`seqmoe.brain.predict.online`)."""
     window_tokens: int | None = None
     """Also report hit rate and time per window of this many replayed tokens (`windows` in the JSON)."""
     miss: str = "copy"
@@ -166,7 +166,7 @@ class SimConfig:
                                 "without; choose one that learns nothing or a seqmoe system")
 
     def host_rows(self) -> int | None:
-        """H, the host cache's rows (`seqmoe.disk.sim.host_rows`), checked with the options it
+        """H, the host cache's rows (`seqmoe.brain.manager.disk_clock.host_rows`), checked with the options it
         excludes; None without a disk tier."""
         if self.host_memory is None and self.host_residency is None:
             if self.host_policy is not None:
@@ -251,7 +251,7 @@ class OffloadConfig:
     inline on cpu."""
     routing: str = ROUTINGS[0]
     """exact, or cache-aware: a missing routed expert may be swapped for a resident one the router scored
-    close to it, within --max-kl (`seqmoe.rerouting`; posted steps on CUDA apply it in a kernel)."""
+    close to it, within --max-kl (`seqmoe.brain.rerouting`; posted steps on CUDA apply it in a kernel)."""
     max_kl: float | None = None
     """Cache-aware routing's budget per token: nats of KL divergence from the router's distribution
     (0.01-0.02 cost seqmoe-tiny under 0.5% perplexity)."""
@@ -287,7 +287,7 @@ class OffloadConfig:
     """CPU only: every expert row crossing the link (a copy, or a missed row read in place) costs one copy
     time of the cost model, and a miss waits for its copy (benchmarks; needs a profile, not measured)."""
     replay: object | None = field(default=None, metadata={CLI: False})
-    """The RoutingTrace a harness forces the model to compute (`seqmoe.bench.forced`): the forecaster
+    """The RoutingTrace a harness forces the model to compute (`seqmoe.runtime.timing.forced`): the forecaster
     hashes its tokens as the simulator does, and oracle systems may read its future."""
     record_trace: bool = field(default=True, metadata={CLI: False})
     """Keep every position's routing for `runtime.trace()`: L x K x 6 bytes and a few small arrays per

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from seqmoe.arch import FAMILIES, GENERIC, model_arch, unpack_router_output
-from seqmoe.errors import UserError
-from tests.collect.tiny_models import ARCHS, tiny_dense_model, tiny_model
+from seqmoe.base.errors import UserError
+from tests.arch.collect.tiny_models import ARCHS, tiny_dense_model, tiny_model
 
 MOE_LAYERS = {"qwen2_moe": [0, 2], "deepseek_v2": [1, 2, 3], "deepseek_v3": [1, 2, 3]}
 """Decoder layers that are MoE in the tiny configs (mlp_only_layers, first_k_dense_replace); else all 3."""
@@ -78,7 +78,7 @@ def test_the_expert_layout_round_trips(arch):
 
 
 def test_seqmoe_tiny_is_an_olmoe():
-    from seqmoe.collect import load_model
+    from seqmoe.arch.collect import load_model
 
     model, _ = load_model("seqmoe-tiny", device="cpu", tokenizer=False)
     found = model_arch(model)

@@ -1,4 +1,4 @@
-"""The quantized expert format (`seqmoe.arch.quant`, `seqmoe.precision`): codes and scales round
+"""The quantized expert format (`seqmoe.arch.quant`, `seqmoe.costs.precision`): codes and scales round
 trip within half a step, int4 codes pack two a byte, sizes are what the simulator prices.
 
 Run: pytest tests/arch/test_quant.py -q
@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 
 from seqmoe.arch import model_arch
 from seqmoe.arch.quant import QuantLayout, _pack_nibbles, _unpack_nibbles, dequantize, quantize, quantize_experts
-from seqmoe.errors import UserError
-from seqmoe.precision import GROUP, QMAX, format_bytes, parse_bytes, quantized_bytes
-from seqmoe.profiles import get_model_profile
-from tests.collect.tiny_models import tiny_model
+from seqmoe.base.errors import UserError
+from seqmoe.costs.precision import GROUP, QMAX, format_bytes, parse_bytes, quantized_bytes
+from seqmoe.costs.profiles import get_model_profile
+from tests.arch.collect.tiny_models import tiny_model
 
 
 @pytest.mark.parametrize("precision", ["int8", "int4", "fp8"])

@@ -16,10 +16,10 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 torch.set_num_threads(1)
 
-from seqmoe.collect import collect_trace  # noqa: E402
-from seqmoe.profiles import HardwareProfile  # noqa: E402
+from seqmoe.arch.collect import collect_trace  # noqa: E402
+from seqmoe.costs.profiles import HardwareProfile  # noqa: E402
 from seqmoe.trace.schema import RoutingTrace  # noqa: E402
-from tests.collect.tiny_models import tiny_model  # noqa: E402
+from tests.arch.collect.tiny_models import tiny_model  # noqa: E402
 
 def run_cli(argv: list[str]) -> int:
     """Run a `seqmoe` command in-process; a UserError propagates (main() would print it and return 2)."""

@@ -17,8 +17,8 @@ from types import SimpleNamespace  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from seqmoe.rerouting import CacheAwareRouting  # noqa: E402
-from seqmoe.errors import UserError  # noqa: E402
+from seqmoe.brain.rerouting import CacheAwareRouting  # noqa: E402
+from seqmoe.base.errors import UserError  # noqa: E402
 from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting  # noqa: E402
 from tests.runtime.test_cache_routing import posted_steps_replay  # noqa: E402
 

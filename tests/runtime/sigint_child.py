@@ -20,7 +20,7 @@ import time
 import torch
 
 from seqmoe.runtime import offload
-from tests.collect.tiny_models import tiny_model
+from tests.arch.collect.tiny_models import tiny_model
 
 PROMPT = [1, 17, 42, 5, 88, 23]
 LONG = [1, *range(20, 60)]

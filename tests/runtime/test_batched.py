@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
-from tests.collect.tiny_models import ARCHS
+from tests.arch.collect.tiny_models import ARCHS
 from tests.runtime.conftest import TEST_HW, fresh, reference
 from tests.runtime.test_host_path import HOST_HW
 
@@ -116,7 +116,7 @@ def test_decode_graph_decodes_a_batch(arch):
 
 
 def test_seqmoe_tiny_batched_on_the_online_default():
-    from seqmoe.collect import load_model
+    from seqmoe.arch.collect import load_model
 
     model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
     prompts = [[1, 300, 301, 302, 50], [1, 7], [1, 90, 2, 11, 400, 12, 3, 44]]

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
-from seqmoe.rerouting import CacheAwareRouting, check_routing
+from seqmoe.brain.rerouting import CacheAwareRouting, check_routing
 from tests.runtime.conftest import fresh, logits, reference, run_interpreted
 
 E = 6
@@ -121,7 +121,7 @@ def posted_steps_replay(on_device: bool) -> None:
     """control="thread" on the CPU: the router hooks of posted steps apply the rule before posting
     (`on_device`: the kernel of `kernels.rerouting`, as on CUDA), so the trace holds the routing the
     model ran, and replaying it gives the runtime's counts."""
-    from seqmoe.manager.systems import SystemInputs, build_system
+    from seqmoe.brain.manager.systems import SystemInputs, build_system
     from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
     from seqmoe.sim import simulate
     from tests.runtime.conftest import TEST_HW, greedy

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from seqmoe.errors import UserError
-from tests.collect.tiny_models import save_tiny_checkpoint, tiny_tokenizer
+from seqmoe.base.errors import UserError
+from tests.arch.collect.tiny_models import save_tiny_checkpoint, tiny_tokenizer
 from tests.runtime.conftest import run_cli
 
 

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from seqmoe.config import DEFAULT_HARDWARE
-from seqmoe.errors import UserError
-from seqmoe.host_cost import host_expert_time_s
-from seqmoe.profiles import ModelProfile, copy_time_s, get_hardware_profile
+from seqmoe.base.errors import UserError
+from seqmoe.costs.host_cost import host_expert_time_s
+from seqmoe.costs.profiles import ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.runtime import offload
 from seqmoe.runtime.core.costs import measure_link, measured_profile
 from tests.runtime.conftest import TEST_HW, fresh, reference

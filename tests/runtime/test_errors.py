@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
 from tests.runtime.conftest import fresh, greedy, reference
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from seqmoe.collect import moe_layers
-from seqmoe.runtime import live_systems, offload
-from tests.collect.tiny_models import ARCHS
+from seqmoe.arch.collect import moe_layers
+from seqmoe.brain.manager.systems import live_systems
+from seqmoe.runtime import offload
+from tests.arch.collect.tiny_models import ARCHS
 from tests.runtime.conftest import TEST_HW, fresh, greedy, logits, reference
 
 RESIDENCIES = (0.1, 0.5, 1.0)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqmoe.runtime import live_systems, offload
+from seqmoe.brain.manager.systems import live_systems
+from seqmoe.runtime import offload
 from seqmoe.sim import simulate
-from seqmoe.manager.systems import SystemInputs, build_system
+from seqmoe.brain.manager.systems import SystemInputs, build_system
 from tests.runtime.conftest import TEST_HW, fresh, greedy, logits, reference
 
 PROMPTS = ([1, 8, 77, 21], [1, 50, 3, 3, 91, 14, 60, 2, 19])
@@ -87,8 +88,8 @@ def test_counts_equal_without_train_and_with_a_lagging_worker(control):
 
 
 def test_trace_holds_the_routing_the_model_used():
-    """The runtime's trace equals what `seqmoe.collect` records for the same requests."""
-    from seqmoe.collect import collect_trace
+    """The runtime's trace equals what `seqmoe.arch.collect` records for the same requests."""
+    from seqmoe.arch.collect import collect_trace
 
     ref = reference("qwen3_moe")
     model = fresh("qwen3_moe")
@@ -105,7 +106,7 @@ def test_trace_holds_the_routing_the_model_used():
 @pytest.mark.parametrize("control", ["inline", "thread"])
 def test_a_runtime_without_a_trace_keeps_none_and_counts_the_same(control):
     """record_trace=False (a server's): the same tokens and counts, no routing kept, and trace() says why."""
-    from seqmoe.errors import UserError
+    from seqmoe.base.errors import UserError
 
     runs = []
     for record in (True, False):
@@ -129,8 +130,8 @@ def test_a_live_online_run_replays_in_the_simulator_with_its_swaps(monkeypatch, 
     with the same (snapshot, swap) tokens, the same rounds trained in-process, counts the same."""
     import numpy as np
 
-    from seqmoe.predict.online import InlineLearner, OnlineForecaster, cold_prior, online_config
-    from seqmoe.predict.train import OnlineTrainer
+    from seqmoe.brain.predict.online import InlineLearner, OnlineForecaster, cold_prior, online_config
+    from seqmoe.brain.predict.train import OnlineTrainer
 
     monkeypatch.setenv("SEQMOE_CACHE", str(tmp_path))
     model = fresh("olmoe")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqmoe.errors import UserError
-from seqmoe.predict.drafters import NgramDrafter
-from seqmoe.predict.checkpoints import load_seq_predictor
-from seqmoe.runtime import live_systems, offload
+from seqmoe.base.errors import UserError
+from seqmoe.brain.predict.drafters import NgramDrafter
+from seqmoe.brain.predict.checkpoints import load_seq_predictor
+from seqmoe.brain.manager.systems import live_systems
+from seqmoe.runtime import offload
 from seqmoe.sim import simulate
-from seqmoe.manager.systems import SYSTEMS, SystemInputs, build_system
+from seqmoe.brain.manager.systems import SYSTEMS, SystemInputs, build_system
 from tests.runtime.conftest import TEST_HW, fresh, greedy, logits, reference
 
 PROMPTS = ([1, 8, 77, 21], [1, 50, 3, 3, 91, 14, 60, 2, 19])
@@ -25,7 +26,7 @@ FORECAST_SYSTEMS = [n for n in live_systems(with_predictor=True) if SYSTEMS[n].n
 
 @pytest.fixture(scope="module")
 def predictor_dir(tmp_path_factory):
-    from seqmoe.predict.train import train_seq_predictor
+    from seqmoe.brain.predict.train import train_seq_predictor
 
     out = tmp_path_factory.mktemp("predictor")
     train_seq_predictor(reference("olmoe").train, out, epochs=1, max_minutes=0.1, hash_buckets=64, embed_dim=16,
@@ -158,7 +159,7 @@ def test_generate_cli_runs_seqmoe_with_a_predictor(predictor_dir, tmp_path, caps
 
     from seqmoe.cli.runtime import add_runtime_commands
     from seqmoe.trace.io import save_trace
-    from tests.collect.tiny_models import save_tiny_checkpoint
+    from tests.arch.collect.tiny_models import save_tiny_checkpoint
 
     save_tiny_checkpoint("olmoe", tmp_path / "model")
     save_trace(reference("olmoe").train, tmp_path / "train.safetensors")

@@ -10,11 +10,11 @@ import functools
 import pytest
 import torch
 
-from seqmoe.errors import UserError
-from seqmoe.manager.systems import SystemInputs, build_system
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.systems import SystemInputs, build_system
 from seqmoe.runtime import offload
 from seqmoe.sim import simulate
-from tests.collect.tiny_models import ARCHS
+from tests.arch.collect.tiny_models import ARCHS
 from tests.runtime.conftest import PROMPT, TEST_HW, fresh, reference
 
 # The host computes an expert in about half a copy's time: auto sends some misses each way.

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from seqmoe.runtime import DecodeGraph, offload
-from tests.collect.tiny_models import ARCHS
+from tests.arch.collect.tiny_models import ARCHS
 from tests.runtime.conftest import PROMPT, fresh, greedy, reference, run_interpreted
 from tests.runtime.test_host_path import HOST_HW, RUNS, _decode, _full
 from tests.runtime.test_interrupts import _interrupt_at

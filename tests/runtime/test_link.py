@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.core.copier import CopyWorker
 from seqmoe.runtime.core.pool import ExpertPool
 

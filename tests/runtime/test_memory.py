@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from seqmoe.collect import moe_layers
+from seqmoe.arch.collect import moe_layers
 from seqmoe.runtime import offload
 from seqmoe.runtime.core.experts import OffloadedExperts
 from tests.runtime.conftest import fresh, greedy

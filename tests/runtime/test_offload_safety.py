@@ -11,7 +11,7 @@ import threading
 import pytest
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
 from seqmoe.runtime.core.device import memory_shortfall
 from seqmoe.runtime.core.pool import ExpertPool

@@ -14,14 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqmoe.collect import load_model
+from seqmoe.arch.collect import load_model
 from seqmoe.runtime import offload
 
 PROMPT = [[1, 17, 42, 5]]
 NEW = 300
 SECOND = """
 import json, torch
-from seqmoe.collect import load_model
+from seqmoe.arch.collect import load_model
 from seqmoe.runtime import offload
 model, _ = load_model("seqmoe-tiny", device="cpu", dtype="float32")
 rt = offload(model, 0.3)

@@ -84,7 +84,7 @@ def test_a_routed_index_beyond_the_experts_is_a_user_error():
     """One position is checked by the controller as its router reveals it; several by the wrapper."""
     import numpy as np
 
-    from seqmoe.errors import UserError
+    from seqmoe.base.errors import UserError
 
     model = fresh("olmoe")
     rt = offload(model, 1.0, "on-demand-lru", train=reference("olmoe").train)

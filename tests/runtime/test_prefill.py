@@ -10,7 +10,7 @@ import threading
 
 import torch
 
-from seqmoe.bench.decode import time_to_first_token
+from seqmoe.runtime.timing.decode import time_to_first_token
 from seqmoe.runtime import offload
 from tests.runtime.conftest import TEST_HW, fresh, greedy, reference
 

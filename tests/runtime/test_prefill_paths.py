@@ -1,5 +1,5 @@
 """A prompt's missing experts split between the link and the host CPU by the rows each serves
-(`eager.experts._prompt_host`, `seqmoe.host_cost.PromptCosts`): few-row experts go to the host,
+(`eager.experts._prompt_host`, `seqmoe.costs.host_cost.PromptCosts`): few-row experts go to the host,
 many-row ones over the link, decided once per layer per prompt forward; greedy tokens equal full
 load's; miss copy and decode steps are unchanged.
 Run: pytest tests/runtime/test_prefill_paths.py -q
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from seqmoe.host_cost import PromptCosts, prompt_costs
-from seqmoe.profiles import ModelProfile
+from seqmoe.costs.host_cost import PromptCosts, prompt_costs
+from seqmoe.costs.profiles import ModelProfile
 from seqmoe.arch import model_arch
 from seqmoe.runtime import offload
 from seqmoe.runtime.offload import measure_profile

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from seqmoe.collect import collect_trace
-from seqmoe.errors import UserError
-from seqmoe.manager.systems import SystemInputs, build_system
-from seqmoe.predict.pregate import pregate_probs
+from seqmoe.arch.collect import collect_trace
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.systems import SystemInputs, build_system
+from seqmoe.brain.predict.pregate import pregate_probs
 from seqmoe.runtime import offload
 from seqmoe.sim import simulate
 from tests.runtime.conftest import PROMPT, TEST_HW, TRAIN_REQUESTS, fresh, greedy, reference
@@ -27,7 +27,7 @@ def _train():
 
 @pytest.fixture(scope="module")
 def predictor_dir(tmp_path_factory):
-    from seqmoe.predict.train import train_seq_predictor
+    from seqmoe.brain.predict.train import train_seq_predictor
 
     out = tmp_path_factory.mktemp("pregate-predictor")
     train_seq_predictor(_train(), out, epochs=1, max_minutes=0.1, hash_buckets=64, embed_dim=16, hidden_dim=16,
@@ -61,7 +61,7 @@ def test_live_pregate_decides_what_the_simulator_decides(system, predictor_dir):
     T, L, _, E = collected.pregate_logits.shape
     rows = pregate_probs(collected.pregate_logits.reshape(T * L, H, E), collected.top_k)
     assert seen and all(np.array_equal(r, rows[step], equal_nan=True) for step, r in seen.items())
-    from seqmoe.predict.checkpoints import load_seq_predictor
+    from seqmoe.brain.predict.checkpoints import load_seq_predictor
 
     inputs = SystemInputs(train=_train(), test=collected, capacity=rt.capacity, start=tuple(rt.start),
                           predictor=load_seq_predictor(predictor_dir) if pred else None)

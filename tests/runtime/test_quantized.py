@@ -15,7 +15,7 @@ import torch
 
 from seqmoe.arch import model_arch
 from seqmoe.arch.quant import quantize_experts
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
 from tests.runtime.conftest import fresh, greedy, logits, reference
 

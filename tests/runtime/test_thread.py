@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
 from seqmoe.runtime.posted.graph import DecodeGraph
 from seqmoe.runtime.posted.mailbox import Mailbox
 from seqmoe.runtime.core.mapped import gather_rows
 from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.core.pool import ExpertPool
-from tests.collect.tiny_models import ARCHS
+from tests.arch.collect.tiny_models import ARCHS
 from tests.runtime.conftest import PROMPT, TEST_HW, fresh, greedy, reference, run_interpreted
 
 HOST_READS = ["item", "tolist", "__bool__", "__int__", "__float__", "__index__", "numpy", "cpu"]

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from seqmoe.arch import cache_kwarg, model_arch
 from seqmoe.arch.quant import QuantLayout, quantize_experts
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
 from tests.runtime.conftest import LOGITS_INPUT, fresh, greedy, reference
 

@@ -129,7 +129,7 @@ class LiveServer(Server):
         from seqmoe.cli.serve import _bind
         from seqmoe.serve.api import create_app
         from seqmoe.config import LoadConfig, OffloadConfig
-        from seqmoe.serve.load import load_engine
+        from seqmoe.serve.startup import load_engine
 
         offload = {k: load.pop(k) for k in ("control", "miss", "train", "predictor") if k in load}
         self.served = s = load_engine(LoadConfig(model=MODEL, threads=load.pop("threads", None)), OffloadConfig(residency=RESIDENCY, system=SYSTEM,

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.serve.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS, Admission
-from seqmoe.serve.engine import GenParams, Job
+from seqmoe.serve.batcher import GenParams, Job
 from seqmoe.sim.lockstep import ADMISSIONS as SIM_ADMISSIONS
-from tests.collect.tiny_models import VOCAB, tiny_model
+from tests.arch.collect.tiny_models import VOCAB, tiny_model
 
 
 def _job(prompt) -> Job:
@@ -116,7 +116,7 @@ def test_fifo_takes_the_head_and_hooks_nothing(model):
 def served():
     """One engine on seqmoe-tiny (r = 0.3, CPU, batches of 2); the tests swap its admission rule."""
     from seqmoe.config import LoadConfig, OffloadConfig
-    from seqmoe.serve.load import load_engine
+    from seqmoe.serve.startup import load_engine
 
     s = load_engine(LoadConfig(model="seqmoe-tiny", threads=1),
                     OffloadConfig(residency=0.3, system="on-demand-lru", device="cpu"), max_batch=2)

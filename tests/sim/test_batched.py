@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from seqmoe.cache.belady import FutureUses, belady_misses
+from seqmoe.brain.policies.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
-from seqmoe.errors import UserError
-from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, start_placement
 from seqmoe.sim import simulate
 from seqmoe.sim.lockstep import lockstep
 from seqmoe.sim.run import load_workload, run_one

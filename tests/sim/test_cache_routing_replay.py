@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from seqmoe.cli import main
-from seqmoe.errors import UserError
-from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, start_placement
 from seqmoe.sim import simulate
 from seqmoe.trace.io import load_trace, save_trace
 from seqmoe.trace.schema import RoutingTrace, TraceError, TraceMeta

@@ -1,5 +1,5 @@
 """The disk tier in the simulator: a host cache of H rows in front of the disk, series with the
-device pool's transfers (seqmoe.disk.sim).  Run: pytest tests/sim/test_disk.py -q"""
+device pool's transfers (seqmoe.brain.manager.disk_clock).  Run: pytest tests/sim/test_disk.py -q"""
 
 from __future__ import annotations
 
@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from seqmoe.cache.belady import belady_misses
+from seqmoe.brain.policies.belady import belady_misses
 from seqmoe.config import SimConfig
-from seqmoe.errors import UserError
-from seqmoe.manager import build_manager, Driver
-from seqmoe.manager.counts import summarize
-from seqmoe.manager.placement import capacity_for, start_placement
-from seqmoe.manager.systems import SystemInputs, baselines, build_system
-from seqmoe.disk.sim import DiskClock
-from seqmoe.disk.tier import HostTier
-from seqmoe.profiles import disk_read_s
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import build_manager, Driver
+from seqmoe.brain.manager.counts import summarize
+from seqmoe.brain.manager.placement import capacity_for, start_placement
+from seqmoe.brain.manager.systems import SystemInputs, baselines, build_system
+from seqmoe.brain.manager.disk_clock import DiskClock
+from seqmoe.brain.manager.host_tier import HostTier
+from seqmoe.costs.profiles import disk_read_s
 from seqmoe.sim import simulate
 from seqmoe.sim.run import load_workload, run_one
 from tests.conftest import make_trace, tiny_hardware, tiny_model

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from seqmoe.cli import main
-from seqmoe.profiles import get_model_profile
+from seqmoe.costs.profiles import get_model_profile
 from seqmoe.trace.io import save_trace
 from tests.conftest import make_trace
 

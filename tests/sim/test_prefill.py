@@ -13,8 +13,8 @@ import pytest
 
 from seqmoe.cli import main
 from seqmoe.config import SimConfig
-from seqmoe.errors import UserError
-from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES, HardwareProfile
+from seqmoe.base.errors import UserError
+from seqmoe.costs.profiles import HARDWARE_PROFILES, MODEL_PROFILES, HardwareProfile
 from seqmoe.sim.prefill import (check_prompt_lengths, full_load_time, prefill_bound, prefill_costs, prefill_time,
                                 prompt_rows, prompt_starts)
 from seqmoe.sim.run import load_workload, run_one

@@ -20,7 +20,7 @@ import pytest
 from seqmoe.cli import main
 from seqmoe.config import SimConfig
 from seqmoe.sim.run import WALL_CLOCK_FIELDS, run_sweep, sweep_runs
-from seqmoe.tiny.traces import TEST_FILE, TRAIN_FILE
+from seqmoe.arch.tiny.traces import TEST_FILE, TRAIN_FILE
 from seqmoe.trace.io import save_trace
 from tests.conftest import make_trace, tiny_model
 

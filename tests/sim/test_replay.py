@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqmoe.cache import belady_misses, belady_schedule
-from seqmoe.errors import UserError
+from seqmoe.brain.policies import belady_misses, belady_schedule
+from seqmoe.base.errors import UserError
 from seqmoe.config import OffloadConfig, SimConfig
-from seqmoe.manager.placement import capacity_for, start_placement
+from seqmoe.brain.manager.placement import capacity_for, start_placement
 from seqmoe.sim import simulate
-from seqmoe.manager.counts import summarize
-from seqmoe.manager.systems import SystemInputs, baselines, build_system
+from seqmoe.brain.manager.counts import summarize
+from seqmoe.brain.manager.systems import SystemInputs, baselines, build_system
 from tests.conftest import make_trace, tiny_hardware, tiny_model
 
 DEMAND_ONLY = ("on-demand-lru", "on-demand-lfu", "mixtral-offloading-style")

@@ -10,9 +10,9 @@ import json
 import pytest
 
 from seqmoe.cli import main
-from seqmoe.errors import UserError
-from seqmoe.predict.checkpoints import load_seq_predictor
-from seqmoe.manager.systems import SYSTEMS
+from seqmoe.base.errors import UserError
+from seqmoe.brain.predict.checkpoints import load_seq_predictor
+from seqmoe.brain.manager.systems import SYSTEMS
 from tests.sim.test_replay import replay
 
 pytest.importorskip("torch")

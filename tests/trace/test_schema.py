@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.trace.schema import RoutingTrace, TraceError, TraceMeta
 
 

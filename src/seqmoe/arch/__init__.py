@@ -7,13 +7,19 @@
 `families` lists the supported families (add an architecture there), `adapter` finds their parts
 (with a generic search for unknown model types), `layout` packs one expert into one row, `calls`
 passes the KV cache under the name the installed transformers takes.
+
+The adapters need torch; `model_dirs` does not, so this package imports its modules on first use:
+a command checks its model argument before torch loads.
 """
 
-from seqmoe.arch.adapter import (ModelArch, MoeLayer, check_experts, experts_implementation, model_arch, moe_layers,
-                                 unpack_router_output)
-from seqmoe.arch.calls import cache_kwarg, output_cache
-from seqmoe.arch.families import FAMILIES, GENERIC, Family, family_for
-from seqmoe.arch.layout import ExpertLayout
+from seqmoe.base.lazy import lazy_exports
 
-__all__ = ["ModelArch", "MoeLayer", "model_arch", "moe_layers", "unpack_router_output", "check_experts",
-           "experts_implementation", "cache_kwarg", "output_cache", "Family", "FAMILIES", "GENERIC", "family_for", "ExpertLayout"]
+_HOMES = {
+    "adapter": ("ModelArch", "MoeLayer", "model_arch", "moe_layers", "unpack_router_output", "check_experts",
+                "experts_implementation"),
+    "calls": ("cache_kwarg", "output_cache"),
+    "families": ("FAMILIES", "GENERIC", "Family", "family_for"),
+    "layout": ("ExpertLayout",),
+}
+__all__ = [name for names in _HOMES.values() for name in names]
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -24,7 +24,7 @@ import torch
 
 from seqmoe.arch.families import GENERIC, Family, family_for, supported
 from seqmoe.arch.layout import ExpertLayout
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 _ROUTER_CLASS = re.compile(r"router$", re.IGNORECASE)
 _HOW_TO_ADD = "see 'Adding a model architecture' in the README (src/seqmoe/arch/families.py)"

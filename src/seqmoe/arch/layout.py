@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 
 @dataclass(frozen=True)

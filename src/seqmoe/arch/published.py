@@ -1,5 +1,5 @@
 """The published shapes of real MoE models, built with seeded random weights (the real-size harness,
-`seqmoe.bench.forced`): what copying and computing their experts costs does not depend on the
+`seqmoe.runtime.timing.forced`): what copying and computing their experts costs does not depend on the
 weights' values.
 
     model = build_model("deepseek-v2-lite")                          # 15.7 B parameters, all 27 layers
@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -6,7 +6,7 @@ quantization applied to a model in place.
     layout.views(host[[3, 5]])       # {"gate_up_proj": [2, 2I, H], ...}: dequantized, the model's dtype
     quantize_experts(model, "int4")  # the model's experts replaced by the same dequantized weights
 
-The format is `seqmoe.precision`'s (groups of 64 weights, symmetric absmax, float32 scales; fp8 as
+The format is `seqmoe.costs.precision`'s (groups of 64 weights, symmetric absmax, float32 scales; fp8 as
 torch's float8_e4m3fn). A row holds, for each parameter of the expert in layout order, its codes
 then its scales, each part 4-byte aligned; vectors (biases) are kept as their raw bytes. `views`
 dequantizes into new tensors (not views): the runtime computes from those, and `quantize_experts`
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 
 from seqmoe.arch.layout import ExpertLayout
-from seqmoe.precision import GROUP, QMAX, SCALE_BYTES, check_precision, quantized_bytes
+from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, check_precision, quantized_bytes
 
 
 def _align(n: int) -> int:

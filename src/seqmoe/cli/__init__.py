@@ -19,7 +19,7 @@ from seqmoe.cli.runtime import add_runtime_commands
 from seqmoe.cli.serve import add_serve_commands
 from seqmoe.cli.sim import add_sim_commands
 from seqmoe.cli.trace import add_trace_commands
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 
 def build_parser() -> Parser:

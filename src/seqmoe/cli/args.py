@@ -16,7 +16,7 @@ import inspect
 import sys
 
 from seqmoe.config import CLI, SHOWN_DEFAULT
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 
 class Parser(argparse.ArgumentParser):

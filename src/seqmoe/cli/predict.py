@@ -18,8 +18,8 @@ import sys
 
 from seqmoe.cli.args import add_config_flags, config_from_args, progress
 from seqmoe.config import CALIBRATION_TOKENS, LoadConfig
-from seqmoe.errors import UserError
-from seqmoe.predict.drafters import DRAFTERS
+from seqmoe.base.errors import UserError
+from seqmoe.brain.predict.drafters import DRAFTERS
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
 
@@ -84,7 +84,7 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """`seqmoe calibrate`: the summary, then (with --json) one JSON line."""
-    from seqmoe.collect import load_model
+    from seqmoe.arch.collect import load_model
     from seqmoe.runtime.calibrate import calibrate, default_texts, texts_from
 
     load = config_from_args(LoadConfig, args)
@@ -115,7 +115,7 @@ def run_train(args: argparse.Namespace) -> int:
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be at least 1, got {args.threads}")
     trace = load_trace(args.trace)
-    from seqmoe.predict.train import train_seq_predictor  # torch only here
+    from seqmoe.brain.predict.train import train_seq_predictor  # torch only here
 
     info = train_seq_predictor(trace, args.out, epochs=args.epochs, seed=args.seed, max_minutes=args.max_minutes,
                                threads=args.threads, progress=progress(args),
@@ -131,8 +131,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _baselines(train, test) -> dict:
     """The forecasts to compare with seqmoe's: training-split frequency, and each baseline system's own."""
-    from seqmoe.manager.systems import SYSTEMS
-    from seqmoe.predict.baselines.freq import FrequencyPredictor
+    from seqmoe.brain.manager.systems import SYSTEMS
+    from seqmoe.brain.predict.baselines.freq import FrequencyPredictor
 
     check_dims("--train", train, test, "use traces of the same model", against="--trace")
     H = 2 * train.num_layers
@@ -142,9 +142,9 @@ def _baselines(train, test) -> dict:
 
 def run_eval(args: argparse.Namespace) -> int:
     """`seqmoe eval-predictor`: recall@K and recall@2K tables, optional plot and JSON line."""
-    from seqmoe.predict.drafters import make_drafter
-    from seqmoe.predict.evaluate import default_horizons, evaluate_predictors, format_table, plot_recall
-    from seqmoe.predict.checkpoints import load_seq_predictor
+    from seqmoe.brain.predict.drafters import make_drafter
+    from seqmoe.brain.predict.evaluate import default_horizons, evaluate_predictors, format_table, plot_recall
+    from seqmoe.brain.predict.checkpoints import load_seq_predictor
 
     if args.stride < 1:
         raise UserError(f"--stride must be at least 1, got {args.stride}")

@@ -19,12 +19,12 @@ import json
 import sys
 import time
 
-from seqmoe.bench import check_bench
+from seqmoe.runtime.timing import check_bench
 from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
 from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, OffloadConfig, check_live_system
-from seqmoe.errors import UserError
-from seqmoe.manager.placement import check_residency
-from seqmoe.precision import format_bytes
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.placement import check_residency
+from seqmoe.costs.precision import format_bytes
 
 
 def add_offload_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), threads: int | None = None) -> None:
@@ -174,8 +174,8 @@ def run_bench(args) -> int:
     if args.online and (args.train or args.predictor):
         raise UserError("--online starts cold: drop --train and --predictor")
     check_bench(args.new_tokens, args.repeats, args.link_ratio)
-    from seqmoe.bench.decode import PROMPTS, bench_runtime, format_table
-    from seqmoe.collect import load_model
+    from seqmoe.runtime.timing.decode import PROMPTS, bench_runtime, format_table
+    from seqmoe.arch.collect import load_model
     from seqmoe.trace.io import load_trace
 
     import torch

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from seqmoe.cli.args import progress
 from seqmoe.cli.runtime import add_offload_flags, offload_configs
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.sim.lockstep import ADMISSIONS, CANDIDATES, MAX_SKIPS  # not serve.admission: it loads torch
 
 
@@ -100,7 +100,7 @@ def run_serve(args) -> int:
         from seqmoe.serve.api import create_app
     except ImportError as e:
         raise UserError(f"seqmoe serve needs fastapi and uvicorn ({e}); install them: pip install 'seqmoe[serve]'") from None
-    from seqmoe.serve.load import load_engine
+    from seqmoe.serve.startup import load_engine
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
     served = load_engine(load, cfg, graph=args.graph, queue_limit=args.queue_limit,

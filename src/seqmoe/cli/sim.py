@@ -16,11 +16,11 @@ import sys
 
 from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig
-from seqmoe.errors import UserError
-from seqmoe.manager.systems import ROLES, SYSTEMS, baselines, systems_with
-from seqmoe.profiles import HARDWARE_PROFILES, MODEL_PROFILES, get_hardware_profile
-from seqmoe.report.plot import plot_results
-from seqmoe.report.table import format_table, read_jsonl, write_jsonl
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.systems import ROLES, SYSTEMS, baselines, systems_with
+from seqmoe.costs.profiles import HARDWARE_PROFILES, MODEL_PROFILES, get_hardware_profile
+from seqmoe.sim.report.plot import plot_results
+from seqmoe.sim.report.table import format_table, read_jsonl, write_jsonl
 from seqmoe.sim.run import load_workload, run_one, run_sweep, sweep_runs
 
 _RESIDENCIES = ",".join(map(str, DEFAULT_RESIDENCIES))
@@ -141,7 +141,7 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from seqmoe.demo import run_demo
+    from seqmoe.cli.demo import run_demo
 
     run_demo(num_tokens=args.tokens, out_dir=args.out, forecaster_minutes=args.forecaster_minutes,
              progress=progress(args))

@@ -17,9 +17,9 @@ import json
 import os
 from pathlib import Path
 
-from seqmoe._files import atomic_path
+from seqmoe.base.files import atomic_path
 from seqmoe.cli.args import progress
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.trace.io import ACCEPTED, load_trace, save_trace, write_trace_file
 from seqmoe.trace.schema import RoutingTrace
 from seqmoe.trace.split import split_trace
@@ -126,8 +126,8 @@ def run_collect(args: argparse.Namespace) -> int:
     if args.pregate < 0:
         raise UserError(f"--pregate must be >= 0, got {args.pregate}")
     try:
-        from seqmoe.collect.collector import collect_trace, read_text_requests
-        from seqmoe.collect.models import load_model, resolve_model_dir
+        from seqmoe.arch.collect.collector import collect_trace, read_text_requests
+        from seqmoe.arch.collect.models import load_model, resolve_model_dir
     except ImportError as e:
         raise UserError(f"trace collection needs torch and transformers ({e}); pip install 'seqmoe[hf]'") from None
 

@@ -8,17 +8,18 @@
 `offload` (offload.py) builds it all-or-nothing and returns an `OffloadRuntime` (handle.py). The
 folders are its parts:
 - `core/`: what every engine shares: the pool and its slot table, the copy worker, the controller
-  that drives the memory manager (`seqmoe.manager`, the simulator's own state machine), the experts
+  that drives the memory manager (`seqmoe.brain.manager`, the simulator's own state machine), the experts
   module swapped into the model and the front that finds each routed expert's weights;
 - `eager/`: the router hooks feeding the controller inline, the host CPU executor;
 - `posted/`: decode steps that post their routing to a mailbox and never wait for the host (the
   control thread, the slot fence, the host relay, `DecodeGraph`'s CUDA graph);
 - `kernels/`: the posted engine's Triton kernels.
-docs/decode.md tells one decode step end to end. Needs torch (and transformers for the models).
+docs/decode.md tells one decode step end to end. Needs torch (and transformers for the models),
+imported on first use: `timing` and `proc` do not.
 """
 
-from seqmoe.manager.systems import live_systems
-from seqmoe.runtime.posted.graph import DecodeGraph
-from seqmoe.runtime.offload import OffloadRuntime, measure_profile, offload
+from seqmoe.base.lazy import lazy_exports
 
-__all__ = ["offload", "OffloadRuntime", "DecodeGraph", "live_systems", "measure_profile"]
+_HOMES = {"posted.graph": ("DecodeGraph",), "offload": ("OffloadRuntime", "measure_profile", "offload")}
+__all__ = [name for names in _HOMES.values() for name in names]
+__getattr__ = lazy_exports(__name__, _HOMES)

@@ -2,12 +2,12 @@
 
     info = calibrate(model, tokenizer, texts)          # texts: the user's, or `default_texts()`
 
-The model's routing over `texts` (one prompt forward per text, `seqmoe.collect.collect_trace`) is
+The model's routing over `texts` (one prompt forward per text, `seqmoe.arch.collect.collect_trace`) is
 learned round by round exactly as a run would learn it (`OnlineTrainer`, one pass per snapshot of
 `OnlineSchedule.buffer` tokens), starting from what the model already learned when its cache holds
 it, and the result is saved where `offload` looks for it (`predict.checkpoints.online_dir`).
 The default text is this Python's own standard library source (PSF License 2.0, on every machine
-with Python; `seqmoe.tiny.corpus`): a corpus of code, so the user's own text serves better.
+with Python; `seqmoe.arch.tiny.corpus`): a corpus of code, so the user's own text serves better.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 from tqdm import tqdm
 
 from seqmoe.config import CALIBRATION_TOKENS
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".c", ".js", ".html")
 """Files `texts_from` reads from a folder."""
@@ -38,8 +38,8 @@ def texts_from(folder: str | os.PathLike) -> list[str]:
 
 
 def default_texts() -> list[str]:
-    """This interpreter's standard library source, training part (`seqmoe.tiny.corpus`, PSF-2.0)."""
-    from seqmoe.tiny.corpus import stdlib_corpus
+    """This interpreter's standard library source, training part (`seqmoe.arch.tiny.corpus`, PSF-2.0)."""
+    from seqmoe.arch.tiny.corpus import stdlib_corpus
 
     return stdlib_corpus().train_texts()
 
@@ -49,12 +49,12 @@ def calibrate(model, tokenizer, texts: list[str], *, max_tokens: int = CALIBRATI
     """Learn `model`'s online forecaster from its routing over `texts` (at most `max_tokens` tokens, in
     requests of `chunk` tokens) and save it where `offload` finds it. Returns a summary."""
     from seqmoe.arch import model_arch
-    from seqmoe.collect import collect_trace
-    from seqmoe.predict.checkpoints import load_online, online_dir
-    from seqmoe.predict.online import OnlineSchedule, fit_prior, online_config
-    from seqmoe.predict.buckets import trace_buckets
-    from seqmoe.predict.checkpoints import save_checkpoint
-    from seqmoe.predict.train import OnlineTrainer
+    from seqmoe.arch.collect import collect_trace
+    from seqmoe.brain.predict.checkpoints import load_online, online_dir
+    from seqmoe.brain.predict.online import OnlineSchedule, fit_prior, online_config
+    from seqmoe.brain.predict.buckets import trace_buckets
+    from seqmoe.brain.predict.checkpoints import save_checkpoint
+    from seqmoe.brain.predict.train import OnlineTrainer
     from seqmoe.runtime.forecasters import model_key
 
     if max_tokens < 1 or chunk < 1:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from seqmoe.errors import UserError
-from seqmoe.predict.checkpoints import load_online, online_dir
-from seqmoe.predict.online import OnlineForecaster, cold_prior, online_config
+from seqmoe.base.errors import UserError
+from seqmoe.brain.predict.checkpoints import load_online, online_dir
+from seqmoe.brain.predict.online import OnlineForecaster, cold_prior, online_config
 from seqmoe.trace.schema import check_dims, placeholder_trace
 
 
@@ -23,10 +23,10 @@ def given_forecaster(predictor, L: int, E: int, K: int):
     against L/E/K. `offload` trains none (the commands do: `seqmoe.runtime.load`)."""
     if predictor is None:
         raise UserError("the seqmoe systems need the seq2seq forecaster: pass predictor= (a checkpoint folder of "
-                        "`seqmoe train`; `seqmoe.predict.checkpoints.seq_predictor_for(None, train)` trains one on a "
+                        "`seqmoe train`; `seqmoe.brain.predict.checkpoints.seq_predictor_for(None, train)` trains one on a "
                         "trace and caches it)")
     if isinstance(predictor, (str, os.PathLike)):
-        from seqmoe.predict.checkpoints import load_seq_predictor
+        from seqmoe.brain.predict.checkpoints import load_seq_predictor
 
         predictor = load_seq_predictor(predictor)
     if getattr(predictor, "config", None) is not None:

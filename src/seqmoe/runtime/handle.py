@@ -17,11 +17,11 @@ import weakref
 
 import torch
 
-from seqmoe.errors import UserError
-from seqmoe.manager import summarize
-from seqmoe.profiles import HardwareProfile, ModelProfile
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import summarize
+from seqmoe.costs.profiles import HardwareProfile, ModelProfile
 from seqmoe.runtime.core.experts import OffloadedExperts
-from seqmoe.predict.online import forecaster_stats
+from seqmoe.brain.predict.online import forecaster_stats
 from seqmoe.runtime.core.signals import deferred_interrupts, shield_off
 from seqmoe.trace.schema import RoutingTrace
 
@@ -98,7 +98,7 @@ class OffloadRuntime:
 
     @property
     def miss(self) -> str:
-        """How this runtime serves misses (`seqmoe.manager.miss_paths`; its system's, or `offload`'s default)."""
+        """How this runtime serves misses (`seqmoe.brain.manager.miss_paths`; its system's, or `offload`'s default)."""
         return self.controller.system.miss
 
     def _wrappers(self) -> list[OffloadedExperts]:
@@ -106,7 +106,7 @@ class OffloadRuntime:
 
     def use_lanes(self, lanes: list[int] | None) -> None:
         """The rows of the next forwards are these lanes (a server's batch slots), one per row, so each
-        sequence keeps its forecaster state (`seqmoe.predict.lanes`) as other rows come and go;
+        sequence keeps its forecaster state (`seqmoe.brain.predict.lanes`) as other rows come and go;
         None: rows are lanes 0..B-1, as `model.generate` batches them."""
         self.controller.lanes = None if lanes is None else [int(b) for b in lanes]
 

@@ -4,7 +4,7 @@
     loaded.model, loaded.tokenizer, loaded.runtime
 
 The training trace is read first (a bad file fails before the model loads); the seqmoe systems
-given no forecaster learn theirs online (`seqmoe.predict.online`), no training step first. The model is loaded on the CPU and then offloaded
+given no forecaster learn theirs online (`seqmoe.brain.predict.online`), no training step first. The model is loaded on the CPU and then offloaded
 (`offload`): its routed experts are packed into host memory and only the dense rest moves to the
 device (cuda when available, unless the config names one), so the whole model never has to fit
 there.
@@ -17,8 +17,8 @@ import os
 from dataclasses import dataclass
 
 from seqmoe.config import LoadConfig, OffloadConfig
-from seqmoe.errors import UserError
-from seqmoe.model_dirs import has_tokenizer_files, resolve_model_dir
+from seqmoe.base.errors import UserError
+from seqmoe.arch.model_dirs import has_tokenizer_files, resolve_model_dir
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def load_offloaded(load: LoadConfig, cfg: OffloadConfig, *, needs: str, progress
         raise UserError(f"{load.model} has no tokenizer files; {needs}")
     import torch
 
-    from seqmoe.collect import load_model
+    from seqmoe.arch.collect import load_model
     from seqmoe.runtime.core.device import resolve_device
     from seqmoe.runtime.offload import offload
     from seqmoe.trace.io import load_trace
@@ -49,8 +49,8 @@ def load_offloaded(load: LoadConfig, cfg: OffloadConfig, *, needs: str, progress
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
     cfg = dataclasses.replace(cfg, device=str(device))
     if cfg.host_memory is not None:  # the experts stay on disk: build the model without them
-        from seqmoe.collect.models import load_tokenizer
-        from seqmoe.disk.load import load as load_streamed
+        from seqmoe.arch.collect.models import load_tokenizer
+        from seqmoe.runtime.disk.load import load as load_streamed
 
         tokenizer = load_tokenizer(resolve_model_dir(load.model))
         if tokenizer is None:

@@ -28,20 +28,20 @@ import torch
 
 from seqmoe.arch import ExpertLayout, ModelArch, model_arch
 from seqmoe.arch.quant import QuantLayout
-from seqmoe.cache import LRUPolicy
+from seqmoe.brain.policies import LRUPolicy
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCY, MEASURED, OffloadConfig
-from seqmoe.errors import UserError
-from seqmoe.host_cost import has_host_path, host_expert_time_s, prompt_costs
-from seqmoe.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
-from seqmoe.manager.miss_paths import check_twin
-from seqmoe.manager.placement import capacity_for_bytes
-from seqmoe.manager.systems import system_spec
-from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
-from seqmoe.precision import format_bytes, parse_bytes
+from seqmoe.base.errors import UserError
+from seqmoe.costs.host_cost import has_host_path, host_expert_time_s, prompt_costs
+from seqmoe.brain.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
+from seqmoe.brain.manager.miss_paths import check_twin
+from seqmoe.brain.manager.placement import capacity_for_bytes
+from seqmoe.brain.manager.systems import system_spec
+from seqmoe.costs.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
+from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.runtime.core.device import (
     Undo, allocate_slots, check_device_memory, move_model, pool_room, resolve_device,
 )
-from seqmoe.rerouting import CacheAwareRouting
+from seqmoe.brain.rerouting import CacheAwareRouting
 from seqmoe.runtime.eager.host_exec import HostExecutor
 from seqmoe.runtime.posted.host_relay import HostRelay
 from seqmoe.runtime.core.controller import Controller
@@ -58,11 +58,11 @@ from seqmoe.runtime.kernels import relay as relay_kernels
 from seqmoe.runtime.eager.pregate import LivePregate
 from seqmoe.runtime.eager.twins import TwinStore
 from seqmoe.runtime.kernels.rerouting import DeviceCacheRouting
-from seqmoe.predict.learner import ProcessLearner
-from seqmoe.predict.online import NoLearner, OnlineForecaster
+from seqmoe.brain.predict.learner import ProcessLearner
+from seqmoe.brain.predict.online import NoLearner, OnlineForecaster
 from seqmoe.runtime.forecasters import given_forecaster, online_forecaster_for
-from seqmoe.disk.plan import DiskPlan, plan_disk
-from seqmoe.predict.pregate import HybridPredictor, PregatePredictor
+from seqmoe.runtime.disk.plan import DiskPlan, plan_disk
+from seqmoe.brain.predict.pregate import HybridPredictor, PregatePredictor
 from seqmoe.runtime.core.signals import shield_off, shield_on
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims, placeholder_trace
@@ -115,7 +115,7 @@ def offload(model, residency: float = _GIVEN, system: str = _GIVEN, *, config: O
         residency, system: `OffloadConfig.residency` and `.system`, the two options most runs set.
         config: every option, with its default (`seqmoe.config.OffloadConfig`; each field's docstring
             says what it does).
-        source: the checkpoint the routed experts stream from (`seqmoe.disk.checkpoint.ExpertFiles`;
+        source: the checkpoint the routed experts stream from (`seqmoe.runtime.disk.checkpoint.ExpertFiles`;
             `seqmoe.load` passes it for a model whose experts were never read), or None: from memory.
         **options: fields of the configuration to set, e.g. `miss="auto"`, `control="thread"`,
             `train=trace`, `predictor="ckpt/"`, `hardware="measured"`, `routing="cache-aware", max_kl=0.02`.

@@ -26,7 +26,7 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.sim.lockstep import ADMISSIONS, CANDIDATES, MAX_SKIPS
 
 __all__ = ["ADMISSIONS", "CANDIDATES", "MAX_SKIPS", "Admission", "overlap_choice"]

@@ -26,8 +26,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from seqmoe.proc import status_bytes
-from seqmoe.serve.engine import Engine, GenParams, Job, QueueFull
+from seqmoe.runtime.proc import status_bytes
+from seqmoe.serve.batcher import Engine, GenParams, Job, QueueFull
 from seqmoe.serve.schemas import APIError, ChatRequest, CompletionRequest, error_body
 
 DEFAULT_COMPLETION_TOKENS = 16

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqmoe.errors import UserError
-from seqmoe.host_cost import has_host_path, host_expert_bytes_per_s, host_flops_per_s
-from seqmoe.profiles import HardwareProfile, ModelProfile, copy_time_s
+from seqmoe.base.errors import UserError
+from seqmoe.costs.host_cost import has_host_path, host_expert_bytes_per_s, host_flops_per_s
+from seqmoe.costs.profiles import HardwareProfile, ModelProfile, copy_time_s
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,9 @@ import time
 from collections.abc import Callable
 
 from seqmoe.config import SimConfig
-from seqmoe.errors import UserError
-from seqmoe.manager.systems import system_spec
-from seqmoe.predict.checkpoints import load_seq_predictor, seq_predictor_for
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.systems import system_spec
+from seqmoe.brain.predict.checkpoints import load_seq_predictor, seq_predictor_for
 from seqmoe.sim.run import Workload, error_row, load_workload, run_or_error, with_hardware
 
 MAX_RETRIES = 3

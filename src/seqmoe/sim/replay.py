@@ -2,7 +2,7 @@
 
     counts = simulate(trace, system, model=..., hardware=..., capacity=C, start=placement)
 
-The decisions are the memory manager's (`seqmoe.manager`), driven by the same `Driver` the
+The decisions are the memory manager's (`seqmoe.brain.manager`), driven by the same `Driver` the
 runtime's control plane uses; `sim` never imports `runtime`.
 """
 
@@ -11,14 +11,14 @@ from __future__ import annotations
 import numpy as np
 from tqdm import tqdm
 
-from seqmoe.disk.sim import DiskClock
-from seqmoe.disk.tier import HostTier
-from seqmoe.disk.tier import host_policy as default_host_policy
-from seqmoe.rerouting import CacheAwareRouting
-from seqmoe.errors import UserError
-from seqmoe.manager import Driver, System, build_manager
-from seqmoe.manager.counts import SimCounts
-from seqmoe.profiles import HardwareProfile, ModelProfile, disk_read_s
+from seqmoe.brain.manager.disk_clock import DiskClock
+from seqmoe.brain.manager.host_tier import HostTier
+from seqmoe.brain.manager.host_tier import host_policy as default_host_policy
+from seqmoe.brain.rerouting import CacheAwareRouting
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import Driver, System, build_manager
+from seqmoe.brain.manager.counts import SimCounts
+from seqmoe.costs.profiles import HardwareProfile, ModelProfile, disk_read_s
 from seqmoe.sim.lockstep import Lockstep
 from seqmoe.trace.schema import RoutingTrace, check_dims
 
@@ -34,24 +34,24 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         system: eviction policy, predictor, scheduler; reset here from `start`.
         model, hardware: the cost model.
         capacity: C, slots in the pool.
-        start: the start placement, at most C uids (`seqmoe.manager.start_placement`).
+        start: the start placement, at most C uids (`seqmoe.brain.manager.start_placement`).
         progress: show a progress bar.
-        compiled: let the compiled manager run the systems it can (`seqmoe.manager.build_manager`);
+        compiled: let the compiled manager run the systems it can (`seqmoe.brain.manager.build_manager`);
             False: the reference Python state machine (the same decisions, slower).
-        max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.rerouting`;
+        max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.brain.rerouting`;
             the trace must hold `router_logits`); None: the recorded routing.
         window_tokens: also count each window of this many tokens (`SimCounts.windows`).
         plan: decode the requests B at a time in lockstep (`seqmoe.sim.lockstep`; exact routing, no
             twins, no windows); None: batch 1.
         pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
             bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
-        host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.disk.sim`; the
+        host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.brain.manager.disk_clock`; the
             hardware profile needs a disk; batch 1, no twins), starting with `start`'s rows; None:
             every expert in host memory.
-        host_policy: the host cache's policy ("lru" or "forecast"); None: `seqmoe.disk.tier.host_policy`.
+        host_policy: the host cache's policy ("lru" or "forecast"); None: `seqmoe.brain.manager.host_tier.host_policy`.
 
     Returns:
-        Counts and times of the replay (see `seqmoe.manager.summarize` for the metrics).
+        Counts and times of the replay (see `seqmoe.brain.manager.summarize` for the metrics).
     """
     check_dims("trace", trace, model)
     if max_kl is not None and (trace.router_logits is None or trace.gate_weights is None):

@@ -17,18 +17,18 @@ from pathlib import Path
 import numpy as np
 
 from seqmoe import __version__
-from seqmoe.cache.belady import FutureUses, belady_misses
+from seqmoe.brain.policies.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
-from seqmoe.disk.tier import host_policy
-from seqmoe.errors import UserError
-from seqmoe.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
-from seqmoe.manager.miss_paths import check_twin
-from seqmoe.manager.placement import capacity_for_bytes
-from seqmoe.precision import format_bytes, parse_bytes
-from seqmoe.manager.systems import system_spec
-from seqmoe.predict.checkpoints import seq_predictor_for
-from seqmoe.predict.online import OnlineForecaster, cold_prior, online_forecaster
-from seqmoe.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
+from seqmoe.brain.manager.host_tier import host_policy
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
+from seqmoe.brain.manager.miss_paths import check_twin
+from seqmoe.brain.manager.placement import capacity_for_bytes
+from seqmoe.costs.precision import format_bytes, parse_bytes
+from seqmoe.brain.manager.systems import system_spec
+from seqmoe.brain.predict.checkpoints import seq_predictor_for
+from seqmoe.brain.predict.online import OnlineForecaster, cold_prior, online_forecaster
+from seqmoe.costs.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.sim.lockstep import lockstep
 from seqmoe.sim.prefill import check_prompt_lengths, prefill_costs, prefill_fields, prompt_starts

@@ -26,7 +26,7 @@ import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
-from seqmoe._files import atomic_path
+from seqmoe.base.files import atomic_path
 from seqmoe.trace.importers import files_under, import_mixtral_jsonl, import_moe_beyond_csv
 from seqmoe.trace.schema import RoutingTrace, TraceError, TraceMeta
 

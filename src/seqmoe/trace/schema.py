@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 
 class TraceError(UserError, ValueError):
@@ -50,9 +50,9 @@ class RoutingTrace:
         pregate_logits: optional [T, L, H, E] float16, pre-gating scores for a horizon of H layers:
             `pregate_logits[t, l, h - 1]` are the router logits that MoE layer l + h's router gives
             to the hidden state entering MoE layer l's router (token t), for h = 1..H; NaN where
-            l + h >= L. Written by `seqmoe.collect` with `pregate=H`.
+            l + h >= L. Written by `seqmoe.arch.collect` with `pregate=H`.
         router_logits: optional [T, L, E] float32, each layer's own router logits for token t
-            (what cache-aware routing compares experts by). Written by `seqmoe.collect` with
+            (what cache-aware routing compares experts by). Written by `seqmoe.arch.collect` with
             `router_logits=True`.
     """
 

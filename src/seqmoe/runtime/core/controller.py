@@ -1,6 +1,6 @@
 """The control plane: the simulator's state machine driven live by the model's router outputs.
 
-`Controller` drives a memory manager (`seqmoe.manager`) through the same `Driver` that `simulate()`
+`Controller` drives a memory manager (`seqmoe.brain.manager`) through the same `Driver` that `simulate()`
 uses over a trace: per position `token_start`, then per MoE layer `reveal` and `layer_end`, on a
 virtual clock that advances by the cost model (a `ModelProfile` measured from the loaded model). So
 every eviction and prefetch is the simulator's decision, and replaying `Controller.trace()` with
@@ -52,8 +52,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from seqmoe.errors import UserError
-from seqmoe.manager import Driver, System
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import Driver, System
 from seqmoe.runtime.core.copier import CopyWorker
 from seqmoe.runtime.core.pool import ExpertPool
 from seqmoe.runtime.core.signals import critical
@@ -112,7 +112,7 @@ class Controller(PostedSteps):
         self.mailbox = None
         self.posting = False  # a decode forward posting to the mailbox is running (thread mode)
         self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
-        self.routing = None  # seqmoe.rerouting.CacheAwareRouting, or None: exact routing
+        self.routing = None  # seqmoe.brain.rerouting.CacheAwareRouting, or None: exact routing
         self._token_input: torch.Tensor | None = None
         self._posted = 0  # layers the running posting forward has posted
         self._step: tuple[np.ndarray, np.ndarray, int | None] | None = None  # the decode step being read
@@ -127,7 +127,7 @@ class Controller(PostedSteps):
         self.lanes: list[int] | None = None  # the lanes of the forwards' rows (`OffloadRuntime.use_lanes`); None: 0..B-1
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker, disk=None) -> None:
-        """`disk`: the disk tier on the virtual clock (`seqmoe.disk.sim.DiskClock`), or None."""
+        """`disk`: the disk tier on the virtual clock (`seqmoe.brain.manager.disk_clock.DiskClock`), or None."""
         self.state, self.pool, self.worker = manager, pool, worker
         self.driver = Driver(manager, disk=disk)
         if disk is not None:
@@ -168,7 +168,7 @@ class Controller(PostedSteps):
     # -- routing events (model hooks) ------------------------------------------------------------------
     def begin_forward(self, tokens: list, new_request: bool) -> None:
         """A forward starts over `tokens`: [N] ids of one sequence, or [B][N] of a batch of B rows
-        (one lane each, `seqmoe.predict.lanes`); `new_request`: its cache was empty (every row's)."""
+        (one lane each, `seqmoe.brain.predict.lanes`); `new_request`: its cache was empty (every row's)."""
         rows = tokens if tokens and isinstance(tokens[0], list) else [tokens]
         if new_request and self.record and len(rows) == 1 and self._offsets[-1] < len(self._tokens):
             self._offsets.append(len(self._tokens))

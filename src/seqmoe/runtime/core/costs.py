@@ -18,8 +18,8 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.host_cost import host_fields
-from seqmoe.profiles import HardwareProfile
+from seqmoe.costs.host_cost import host_fields
+from seqmoe.costs.profiles import HardwareProfile
 
 REPEATS = 7
 SMALL_BYTES = 4096

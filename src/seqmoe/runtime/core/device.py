@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from seqmoe.arch import ExpertLayout
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.core.signals import deferred_interrupts
 
 _GIB, _MIB = float(1 << 30), float(1 << 20)

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch import experts_implementation
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 CPU_IN_PLACE_BYTES = 1 << 20
 """On the CPU, experts smaller than this are gathered even when the window path could run: the CPU

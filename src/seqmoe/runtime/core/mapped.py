@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from seqmoe.errors import UserError
-from seqmoe.precision import GROUP
+from seqmoe.base.errors import UserError
+from seqmoe.costs.precision import GROUP
 from seqmoe.runtime.kernels import mapped as mapped_kernels
 
 

@@ -47,7 +47,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.core.mapped import dequantizes, device_view, gather_dequantized, gather_rows
 
@@ -86,7 +86,7 @@ class ExpertPool:
         table = torch.full((self.num_layers, self.num_experts), -1, dtype=torch.int32, pin_memory=device.type == "cuda")
         self.table_host = table.numpy()  # written by the host only
         self.table = device_view(table, device)  # the same memory, as the device reads it
-        self.cache = getattr(hosts[0], "cache", None)  # a disk tier's host cache (`seqmoe.disk.cache`), or None
+        self.cache = getattr(hosts[0], "cache", None)  # a disk tier's host cache (`seqmoe.runtime.disk.host_cache`), or None
         # The posted engine reads host rows in place on the device: there must be a block to map.
         self.hosts_device = None if self.cache is not None else [device_view(h, device) for h in hosts]
         assigned = torch.zeros((self.num_layers, self.num_experts), dtype=torch.uint8, pin_memory=device.type == "cuda")

@@ -8,7 +8,7 @@ executor computes those from their host rows meanwhile, and those it gave to the
 (`twin=`) are computed from the twin rows; the partial sums are added (`_split`).
 A prompt's call (many positions, one call per layer) splits the same way by its own rule, once per
 layer (`_prompt_host`): each missing expert costs one transfer over the link whatever its rows,
-or on the host a time that grows with them (`seqmoe.host_cost.PromptCosts`).
+or on the host a time that grows with them (`seqmoe.costs.host_cost.PromptCosts`).
 Where it sits in a decode step: docs/decode.md, "On the CPU: inline control".
 """
 
@@ -19,7 +19,7 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 
 
 def eager_forward(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:

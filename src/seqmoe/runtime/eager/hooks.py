@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch import unpack_router_output
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.core.controller import Controller
 
 

@@ -1,7 +1,7 @@
 """The host expert executor: routed experts computed on the CPU, next to their host weights.
 
 When the memory manager serves a miss on the host CPU (`miss="cpu"` or `"auto"`,
-`seqmoe.manager.miss_paths`), the layer's experts split in two: the device computes the experts in
+`seqmoe.brain.manager.miss_paths`), the layer's experts split in two: the device computes the experts in
 slots (or read in place) while this executor's one worker thread computes the others from views of
 their host rows (no copy) and hands back their summed output, which the device adds. Each host
 expert runs the model's own experts forward on a one-expert view, every routed slot pointing at it
@@ -12,7 +12,7 @@ only the order of the final sum differs from full load.
 One thread: at batch 1 an expert is a pass over its weights at the host's memory bandwidth, which
 torch's own intra-op threads already use (`benchmarks/host_expert.py`); a second host expert at once
 would not finish either sooner. With the benchmark's emulated link the worker also sleeps the cost
-model's host time per expert (`seqmoe.host_cost`), as the link sleeps a copy time.
+model's host time per expert (`seqmoe.costs.host_cost`), as the link sleeps a copy time.
 
 A call of many rows (a prompt, a batch) computes each expert on the rows routed to it only, one
 routing column each (the same products, summed into zeros: exact), not on every row at weight 0;
@@ -38,7 +38,7 @@ class HostExecutor:
 
     def __init__(self, emulated_s: float = 0.0) -> None:
         self.emulated_s = emulated_s
-        self.prompt = None  # seqmoe.host_cost.PromptCosts: how a prompt splits its misses (set by offload)
+        self.prompt = None  # seqmoe.costs.host_cost.PromptCosts: how a prompt splits its misses (set by offload)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqmoe-host")
         self.experts = 0  # experts computed here so far
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch import unpack_router_output
-from seqmoe.predict.pregate import pregate_probs
+from seqmoe.brain.predict.pregate import pregate_probs
 
 
 class LivePregate:

@@ -1,5 +1,5 @@
 """The low-bit twins of every layer's experts in host memory (the twin miss path,
-`seqmoe.manager.miss_paths.Twin`).
+`seqmoe.brain.manager.miss_paths.Twin`).
 
     store = TwinStore.pack(originals, QuantLayout.of(base_layout, "int4"), device, undo)
     rows = store.rows(layer, [3, 5])          # [2, B] on the device, read over the link

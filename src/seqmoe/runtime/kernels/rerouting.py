@@ -1,4 +1,4 @@
-"""Cache-aware routing (`seqmoe.rerouting`) as one device kernel, for posted decode steps on
+"""Cache-aware routing (`seqmoe.brain.rerouting`) as one device kernel, for posted decode steps on
 CUDA: the router's output is rewritten on the device from the pool's mapped state, so the step
 reads no host value and stays capturable.
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from seqmoe.arch import cache_kwarg
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.posted.mailbox import MAX_ROWS
 
 

@@ -38,7 +38,7 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.kernels.relay import ABORT, FAILURES, FALLBACKS, RelayKernels
 
 SPINS = 200

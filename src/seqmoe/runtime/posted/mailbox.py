@@ -25,7 +25,7 @@ import time
 import numpy as np
 import torch
 
-from seqmoe.errors import UserError
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.core.mapped import device_view, post_kernel
 

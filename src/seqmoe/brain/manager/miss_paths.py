@@ -1,0 +1,134 @@
+"""Three ways to serve a miss, and the bound on time that holds whichever a system takes.
+
+A miss (an expert neither resident nor on its way) is served by
+- `copy`: a demand copy into a slot (evicting a victim), as the protocol always did;
+- `in-place`: the layer reads the host row over the link: the same bytes, no slot, no eviction;
+- `cpu`: the host CPU computes the expert from its host copy; only activations cross the link.
+`auto` picks per miss: the path that finishes first (the link behind its queued demands, or the
+CPU behind the experts it already has), and on the link a copy only when the expert is worth its
+slot (its keep value above the victim's, for policies that value experts), else an in-place read;
+an expert served on the CPU while the link is idle and worth its slot is also copied in behind
+(a prefetch due at its layer of the next token).
+
+Beside them, off by default, a low-bit twin (`Twin`; HOBBIT's mixed-precision loading is the
+anchor): every expert may also keep a copy at a lower precision in host memory, and a miss whose
+gate weight is small is served by reading its twin over the link for this one activation (fewer
+bytes than any path above that crosses the link; no slot, no eviction, so no later hit carries the
+twin's error). Each token has `Twin.budget` of gate weight to spend over its MoE layers; at each
+layer its misses are taken cheapest first (smallest gate weight) while the token's budget holds
+(`pick_twins`), as cache-aware routing spends its KL budget. Where misses may go to the host CPU
+(`miss` cpu or auto) a miss so taken still goes there when the CPU would finish it before its twin
+read (`twin_waits_for_cpu`: the CPU's answer is exact), and its weight stays unspent. The bound
+below assumes full-size transfers, so a run with twins reports none.
+
+The bound on time (`paths_bound_time_s`; stated in docs/DESIGN.md, "Bound with miss paths"):
+    bound = min over m_c = 0..A of max(F0 + e (A - m_c), c ceil(R / 2), h m_c),  R = max(0, N_opt - 2 m_c)
+Why it holds: docs/decode.md, "The miss paths and their bound".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqmoe.base.errors import UserError
+from seqmoe.costs.precision import PRECISIONS
+
+MISS_PATHS = ("copy", "in-place", "cpu", "auto")
+"""How misses are served: always copied, always read in place, always on the host CPU, or chosen per miss."""
+
+
+def check_miss(miss: str) -> str:
+    """`miss` when it names a miss path; UserError listing them otherwise."""
+    if miss not in MISS_PATHS:
+        raise UserError(f"unknown miss path {miss!r}; choose one of: {', '.join(MISS_PATHS)}")
+    return miss
+
+
+DEFAULT_TWIN_BUDGET = 0.5
+"""Gate weight per token the twins may serve when no budget is given (summed over the token's layers)."""
+
+
+@dataclass(frozen=True)
+class Twin:
+    """The low-bit twin miss path of the module docstring."""
+
+    precision: str
+    """Precision of the twins (`seqmoe.costs.precision.PRECISIONS`): fewer bytes than the store's."""
+    budget: float
+    """Gate weight per token the twins may serve, summed over the token's MoE layers."""
+
+
+def check_twin(precision: str | None, budget: float | None) -> Twin | None:
+    """The twin path `precision` and `budget` describe (None: off); UserError for a bad value."""
+    if precision is None:
+        if budget is not None:
+            raise UserError("twin_budget (--twin-budget) is the budget of the twin miss path: give its precision too "
+                            f"(twin=, --twin: one of {', '.join(PRECISIONS)})")
+        return None
+    if precision not in PRECISIONS:
+        raise UserError(f"unknown twin precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    budget = DEFAULT_TWIN_BUDGET if budget is None else budget
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
+        raise UserError(f"twin_budget (--twin-budget) is gate weight per token, a number >= 0; got {budget!r}")
+    return Twin(precision, float(budget))
+
+
+def pick_twins(missing: np.ndarray, weights: np.ndarray, left: float) -> np.ndarray:
+    """[K] bool: the layer's misses its twins may serve: misses (`missing`) taken smallest `weights`
+    first while their sum stays within `left`, the token's budget left."""
+    w = np.where(missing, np.asarray(weights, dtype=np.float64), np.inf)
+    order = np.argsort(w, kind="stable")
+    spent = np.cumsum(w[order])
+    n = min(int(np.searchsorted(spent, left, side="right")), int(np.count_nonzero(missing)))
+    mask = np.zeros(len(w), dtype=bool)
+    mask[order[:n]] = True
+    return mask
+
+
+def twin_waits_for_cpu(m, now: float) -> bool:
+    """Memory manager `m` (its `miss` cpu or auto) would have the host CPU finish an expert handed
+    over at `now` before a twin read queued now ends on the link."""
+    return m.miss in ("cpu", "auto") and m.lane is not None and m.lane.next_end(now) < m.engine.next_demand_end(now, True)
+
+
+def paths_bound_time_s(*, full_load_time_s: float, activations: int, per_expert_s: float, copy_time_s: float,
+                       host_expert_s: float | None, belady_misses: int) -> float:
+    """The lower bound on time of the module docstring, for slots, link and (when given) host CPU."""
+    A, N = activations, belady_misses
+    if host_expert_s is None:
+        return max(full_load_time_s, copy_time_s * -(-N // 2))
+    m_c = np.arange(A + 1, dtype=np.float64)
+    rest = np.maximum(0.0, N - 2 * m_c)
+    terms = np.maximum(np.maximum(full_load_time_s - per_expert_s * m_c, copy_time_s * np.ceil(rest / 2)),
+                       host_expert_s * m_c)
+    return float(terms.min())
+
+
+def auto_path(m, uid: int, now: float) -> tuple[str, int | None]:
+    """How memory manager `m` serves the miss of `uid` at `now` (its `miss` mode; for `auto` the rule
+    of the module docstring), and the victim a copy displaces (None: the policy picks, or no copy).
+    Paths: those of `MISS_PATHS`, and `cpu+copy`: computed on the CPU now while a copy into a slot
+    runs in the background (a prefetch due at the next token), when the expert is worth its slot."""
+    if m.miss != "auto":
+        return m.miss, None
+    link = m.engine.next_demand_end(now)
+    on_cpu = m.lane is not None and m.lane.next_end(now) < link
+    worth, victim = _worth_a_slot(m, uid)
+    if on_cpu:
+        idle = m.engine.backlog_end(now) <= now
+        return ("cpu+copy", victim) if worth and idle else ("cpu", None)
+    return ("copy", victim) if worth else ("in-place", None)
+
+
+def _worth_a_slot(m, uid: int) -> tuple[bool, int | None]:
+    """Whether `uid` is worth a slot (a free one, or the victim's, valued lower by the policy), and the victim."""
+    if m.num_present < m.capacity:
+        return True, None
+    policy = m.system.policy
+    victim = policy.victim(uid, m.pinned)
+    if victim is None:
+        return False, None
+    keep = getattr(policy, "keep_value", None)
+    return (keep is None or keep([uid])[0] > keep([victim])[0]), victim

@@ -1,0 +1,388 @@
+"""Named systems (eviction policy + predictor + prefetch scheduler), built by name.
+
+    system = build_system("on-demand-lru", SystemInputs(train=train, test=test, capacity=C, start=start))
+
+Each system declares what it is and what it needs (`SystemSpec`); everything that picks systems
+(the CLI, the runtime, the benchmarks, the plots) reads these declarations instead of keeping
+lists of names. Systems that re-implement another project's policy are named "-style"; their
+modules say where they simplify. Oracles read the replayed trace's future.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from seqmoe.brain.policies import BeladyPolicy, FutureUses, LayerLRUPolicy, LFUPolicy, LRUPolicy, belady_schedule
+from seqmoe.base.errors import UserError
+from seqmoe.brain.predict import AffinityPredictor, EAMPolicy, EAMPredictor
+from seqmoe.brain.predict.oracle import OracleForecaster
+from seqmoe.brain.policies.forecast import ForecastPolicy
+from seqmoe.brain.manager.miss_paths import Twin, check_miss
+from seqmoe.brain.manager.base import System
+from seqmoe.brain.predict.base import Predictor
+from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
+from seqmoe.brain.predict.baselines.expertflow import ExpertFlowPredictor
+from seqmoe.brain.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
+from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW
+from seqmoe.brain.schedule import GreedyPrefetcher, OraclePrefetcher
+from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
+from seqmoe.brain.schedule.expertflow import AdaptiveHorizonPrefetcher, ExpertFlowShared, TwoLevelLRUPolicy
+from seqmoe.trace.schema import RoutingTrace
+
+ROLES = ("baseline", "host", "seqmoe", "ablation", "oracle")
+"""What a system is: a realisable baseline, a reference that computes experts on the host CPU (it needs
+a hardware profile with a host), the seqmoe system, an ablation of it, or an oracle (an upper bound)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SystemInputs:
+    """What a system may learn from (train) or, for oracles only, look ahead into (test)."""
+
+    train: RoutingTrace
+    """Training split: statistics, matrices, learned predictors."""
+    test: RoutingTrace
+    """The trace being replayed; only oracles may read it."""
+    capacity: int
+    """C, slots in the pool."""
+    start: tuple[int, ...]
+    """The start placement every system shares."""
+    predictor: object | None = None
+    """The seqmoe systems' forecaster: a trained `SeqPredictor` (`seqmoe.brain.predict.checkpoints.seq_predictor_for`)
+    or an `OnlineForecaster` (`seqmoe.brain.predict.online`)."""
+    prior: tuple | None = None
+    """Online: the seqmoe systems' prior beyond the forecast, (use rates [L * E], `ReuseTable` or None),
+    in place of the training trace's (`seqmoe.brain.predict.online.cold_prior`); None: learned from `train`."""
+    draft: str = "none"
+    """The seqmoe systems' drafter of the next tokens (`seqmoe.brain.predict.drafters.DRAFTERS`)."""
+    visits: np.ndarray | None = None
+    """[S, L, W] global ids of the positions the replay visits when they are not `test`'s own (a batched
+    replay, `seqmoe.sim.lockstep`): where oracles read the future."""
+    pregate: object | None = None
+    """Pre-gate rows computed live (`seqmoe.runtime.eager.pregate.LivePregate`), in place of `test`'s recorded ones."""
+
+
+@dataclass(frozen=True)
+class SystemSpec:
+    name: str
+    summary: str
+    build: Callable[[SystemInputs], System]
+    role: str
+    """One of `ROLES`."""
+    needs_predictor: bool
+    """Needs a trained seq2seq forecaster (`SystemInputs.predictor`)."""
+    learns: bool
+    """Learns from the training trace (statistics, start placement); the runtime then needs `train=`."""
+    forecaster: Callable[[RoutingTrace, int], Predictor] | None = None
+    """`forecaster(train, horizon)`: the system's own expert forecast, for `seqmoe eval-predictor`."""
+    needs_pregate: bool = False
+    """Needs traces with pre-gate scores (`--pregate`): left out of the default system lists and of
+    the runtime (which computes no pre-gate yet)."""
+    miss: str | None = None
+    """The miss path the system always takes (`seqmoe.brain.manager.miss_paths`); None: the run's `miss` setting."""
+
+    @property
+    def reads_future(self) -> bool:
+        """An oracle: reads the replayed trace's future, so it cannot run live."""
+        return self.role == "oracle"
+
+
+SYSTEMS: dict[str, SystemSpec] = {}
+
+
+def register_system(name: str, summary: str, *, role: str = "baseline", needs_predictor: bool = False,
+                    learns: bool = True, forecaster: Callable[[RoutingTrace, int], Predictor] | None = None,
+                    needs_pregate: bool = False, miss: str | None = None):
+    """Decorator: register `fn(inputs) -> System` under `name`."""
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+
+    def deco(fn):
+        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster, needs_pregate, miss)
+        return fn
+
+    return deco
+
+
+def system_spec(name: str, choices=None) -> SystemSpec:
+    """The spec of system `name`; UserError naming the `choices` (default: every system) if unknown."""
+    if name not in SYSTEMS:
+        raise UserError(f"unknown system {name!r}; choose one of: {', '.join(choices or SYSTEMS)}")
+    return SYSTEMS[name]
+
+
+def systems_with(*roles: str, with_pregate: bool = False) -> list[str]:
+    """The systems of the given roles, in registration order (those needing pre-gate scores only
+    if `with_pregate`)."""
+    return [n for n, spec in SYSTEMS.items() if spec.role in roles and (with_pregate or not spec.needs_pregate)]
+
+
+def oracles() -> list[str]:
+    """The systems that read the future of the trace (upper bounds, not realisable)."""
+    return systems_with("oracle")
+
+
+def baselines(with_pregate: bool = False) -> list[str]:
+    """The systems that need no trained forecaster, serve misses as the run says (the host references
+    are left out) and need no pre-gate scores unless `with_pregate`."""
+    return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor and spec.role != "host"
+            and (with_pregate or not spec.needs_pregate)]
+
+
+def live_systems(with_train: bool = True, with_predictor: bool = False, with_host: bool = False,
+                 with_pregate: bool = False) -> list[str]:
+    """Systems that can run live (no oracle): those that need a training trace only if `with_train`,
+    those that need the seq2seq forecaster only if `with_predictor`, the host references (they need a
+    hardware profile with a host and inline control) only if `with_host`, those that need pre-gate
+    scores (a training trace collected with them, inline control) only if `with_pregate`."""
+    return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
+            and (with_train or not s.learns) and (with_pregate or not s.needs_pregate)
+            and (with_host or s.role != "host")]
+
+
+def build_system(name: str, inputs: SystemInputs, miss: str = "copy", twin: Twin | None = None) -> System:
+    """A fresh system by name (UserError naming the choices if unknown), serving its misses by
+    `miss` unless it fixes its own path (`SystemSpec.miss`), and by `twin` where it says."""
+    spec = system_spec(name)
+    system = spec.build(inputs)
+    system.miss = spec.miss or check_miss(miss)
+    system.twin = twin
+    return system
+
+
+@register_system("on-demand-lru", "no prefetch; evict the least recently used expert", learns=False)
+def _lru(inp: SystemInputs) -> System:
+    return System("on-demand-lru", LRUPolicy())
+
+
+@register_system("on-demand-lfu", "no prefetch; evict the least frequently used expert", learns=False)
+def _lfu(inp: SystemInputs) -> System:
+    return System("on-demand-lfu", LFUPolicy())
+
+
+@register_system("belady", "no prefetch; oracle eviction of the expert used furthest in the future", role="oracle")
+def _belady(inp: SystemInputs) -> System:
+    t = inp.test
+    return System("belady", BeladyPolicy(FutureUses(_visits(inp), t.num_layers * t.num_experts)))
+
+
+def _visits(inp: SystemInputs) -> np.ndarray:
+    """[S, L, W] global ids of the positions the replay visits, in order (the oracles' future)."""
+    return inp.test.uids() if inp.visits is None else inp.visits
+
+
+@register_system("mixtral-offloading-style", "no prefetch; LRU within equal per-layer groups", learns=False)
+def _mixtral_offloading(inp: SystemInputs) -> System:
+    t = inp.train
+    return System("mixtral-offloading-style",
+                  LayerLRUPolicy(num_layers=t.num_layers, num_experts=t.num_experts, capacity=inp.capacity))
+
+
+@register_system("moe-infinity-style", "request activation-matrix matching, decayed prefetch, activation-aware eviction",
+                 forecaster=lambda train, horizon: EAMPredictor(train, horizon=horizon))
+def _moe_infinity(inp: SystemInputs) -> System:
+    pred = EAMPredictor(inp.train)
+    return System("moe-infinity-style", EAMPolicy(pred), pred, GreedyPrefetcher(min_prob=0.7, decay=True))
+
+
+@register_system("affinity-style", "inter-layer transition statistics, prefetch of likely next experts, LRU",
+                 forecaster=lambda train, horizon: AffinityPredictor(train, horizon=horizon))
+def _affinity(inp: SystemInputs) -> System:
+    return System("affinity-style", LRUPolicy(), AffinityPredictor(inp.train), GreedyPrefetcher(min_prob=0.3))
+
+
+@register_system("cpu-all", "every routed expert computed on the host CPU, no expert slots (as llama.cpp --cpu-moe)",
+                 role="host", learns=False, miss="cpu")
+def _cpu_all(inp: SystemInputs) -> System:
+    return System("cpu-all", LRUPolicy(), host_only=True)
+
+
+@register_system("static-split-style", "the most used experts stay resident, every other one is computed on the host "
+                 "CPU (as llama.cpp --n-cpu-moe, ktransformers)", role="host", miss="cpu")
+def _static_split(inp: SystemInputs) -> System:
+    return System("static-split-style", LRUPolicy())  # misses go to the CPU, so the start placement never changes
+
+
+EXPERTFLOW_THRESHOLD = 8
+"""Stalls (or wasted prefetches) that move expertflow-style's prefetch distance by one (our choice)."""
+
+
+def _has_pregate(inp: SystemInputs) -> bool:
+    return inp.train.pregate_logits is not None and (inp.test.pregate_logits is not None or inp.pregate is not None)
+
+
+def _pregate_source(inp: SystemInputs):
+    """Where the replayed (or live) positions' pre-gate rows come from."""
+    return inp.pregate if inp.pregate is not None else inp.test
+
+
+def _hybrid(history, inp: SystemInputs):
+    """`history` fused with pre-gating when both traces hold pre-gate scores (weights fitted on train)."""
+    if not _has_pregate(inp):
+        return history
+    fitting = copy.deepcopy(history)
+    if hasattr(fitting, "check_trace"):
+        fitting.check_trace(inp.train)  # the training trace's vocabulary while the weights are fitted
+    return HybridPredictor(history, _pregate_source(inp), fit_alphas(fitting, inp.train))
+
+
+def _expertflow(name: str, inp: SystemInputs, adaptive: bool, predictor=None) -> System:
+    shared = ExpertFlowShared(threshold=EXPERTFLOW_THRESHOLD)
+    predictor = predictor or _hybrid(ExpertFlowPredictor(inp.train), inp)
+    return System(name, TwoLevelLRUPolicy(shared, inp.train.num_layers), predictor,
+                  AdaptiveHorizonPrefetcher(shared, adaptive=adaptive))
+
+
+@register_system("expertflow-style", "distance-wise history forecast (fused with pre-gating when the traces have it), "
+                 "adaptive prefetch distance, two-level LRU",
+                 forecaster=lambda train, horizon: ExpertFlowPredictor(train, horizon=horizon))
+def _expertflow_adaptive(inp: SystemInputs) -> System:
+    return _expertflow("expertflow-style", inp, adaptive=True)
+
+
+@register_system("expertflow-style-fixed-horizon", "ablation of expertflow-style: prefetch distance fixed at one layer")
+def _expertflow_fixed(inp: SystemInputs) -> System:
+    return _expertflow("expertflow-style-fixed-horizon", inp, adaptive=False)
+
+
+@register_system("expertflow-style-pregate-only", "ablation of expertflow-style: pre-gate forecast alone "
+                 "(needs traces collected with --pregate)", needs_pregate=True)
+def _expertflow_pregate(inp: SystemInputs) -> System:
+    if inp.test.pregate_logits is None and inp.pregate is None:
+        raise UserError("expertflow-style-pregate-only needs a replayed trace with pre-gate scores "
+                        "(seqmoe trace collect --pregate H)")
+    return _expertflow("expertflow-style-pregate-only", inp, adaptive=True,
+                       predictor=PregatePredictor(_pregate_source(inp)))
+
+
+@register_system("oracle-prefetch", "perfect future, prefetch as early as slots allow, Belady eviction",
+                 role="oracle")
+def _oracle(inp: SystemInputs) -> System:
+    t = inp.test
+    uids = _visits(inp)
+    future = FutureUses(uids, t.num_layers * t.num_experts)
+    schedule = belady_schedule(uids, inp.capacity, inp.start, future)
+    return System("oracle-prefetch", BeladyPolicy(future), None, OraclePrefetcher(schedule))
+
+
+class _Feeding:
+    """A prefetcher that first hands each forecast to a `ForecastPolicy` (which needs it to rank)."""
+
+    def __init__(self, policy: ForecastPolicy, inner) -> None:
+        self.policy, self.inner = policy, inner
+
+    def plan(self, forecast, view) -> None:
+        self.policy.update(forecast, view.step)
+        self.inner.plan(forecast, view)
+
+
+def _prior(inp: SystemInputs, cls=ForecastPolicy) -> ForecastPolicy:
+    """The seqmoe systems' eviction policy: its prior learned on the training trace, or (online) `inp.prior`."""
+    if inp.prior is None:
+        return cls.from_trace(inp.train)
+    t = inp.train
+    use_rate, reuse = inp.prior
+    return cls(use_rate, num_layers=t.num_layers, num_experts=t.num_experts, reuse=reuse)
+
+
+def _seq(inp: SystemInputs, far_head: bool = True):
+    """The system's own forecaster: the trained one, with the memory manager's forecast window (and its
+    long-range head, when it has one, unless `far_head` is False)."""
+    if inp.predictor is None:
+        raise UserError("this system needs a forecaster: pass --predictor DIR (see `seqmoe train`), or let it "
+                        "learn online")
+    predictor = inp.predictor.with_window(DEFAULT_WINDOW, far_head=far_head)
+    predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
+    return predictor.use_drafter(make_drafter(inp.draft, inp.train))
+
+
+@register_system("seqmoe", "seq2seq forecast, deadline-aware joint prefetch, probabilistic Belady eviction",
+                 role="seqmoe", needs_predictor=True)
+def _seqmoe(inp: SystemInputs) -> System:
+    policy = _prior(inp)
+    return System("seqmoe", policy, _seq(inp), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-hybrid", "seqmoe with its forecast fused with pre-gating (needs traces collected with --pregate)",
+                 role="seqmoe", needs_predictor=True, needs_pregate=True)
+def _seqmoe_hybrid(inp: SystemInputs) -> System:
+    if not _has_pregate(inp):
+        raise UserError("seqmoe-hybrid needs training and replayed traces with pre-gate scores "
+                        "(seqmoe trace collect --pregate H)")
+    policy = ForecastPolicy.from_trace(inp.train)
+    history = inp.predictor.with_window(None)
+    history.check_trace(inp.test)
+    return System("seqmoe-hybrid", policy, _hybrid(history, inp), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-greedy-prefetch", "ablation: seqmoe with greedy threshold prefetch instead of deadline scheduling",
+                 role="ablation", needs_predictor=True)
+def _seqmoe_greedy(inp: SystemInputs) -> System:
+    policy = _prior(inp)
+    return System("seqmoe-greedy-prefetch", policy, _seq(inp), _Feeding(policy, GreedyPrefetcher(min_prob=0.3)))
+
+
+class _LRUVictims(ForecastPolicy):
+    """Ablation: keep the forecast valuation (the scheduler's profits) but evict least recently used."""
+
+    evicts_least_recent = True  # the compiled manager's POLICY_FORECAST_LRU_VICTIMS
+
+    def victim(self, incoming: int, pinned) -> int | None:
+        last = np.where(self._resident, self._last, np.inf)
+        last[[u for u in pinned if self._resident[u]]] = np.inf
+        i = int(np.argmin(last))
+        return None if last[i] == np.inf else i
+
+    def victim_at(self, step: int, max_harm: float) -> tuple[int | None, bool]:
+        return self.victim(-1, ()), False
+
+
+@register_system("seqmoe-lru-eviction", "ablation: seqmoe with LRU eviction instead of probabilistic Belady",
+                 role="ablation", needs_predictor=True)
+def _seqmoe_lru(inp: SystemInputs) -> System:
+    policy = _prior(inp, _LRUVictims)
+    return System("seqmoe-lru-eviction", policy, _seq(inp), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-no-far-head", "ablation: seqmoe without its forecaster's long-range head (a two-token "
+                 "forecast, the reuse table alone beyond it)", role="ablation", needs_predictor=True)
+def _seqmoe_no_far_head(inp: SystemInputs) -> System:
+    policy = _prior(inp)
+    return System("seqmoe-no-far-head", policy, _seq(inp, far_head=False), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-markov-forecast", "ablation: seqmoe with a first-order Markov (affinity) forecast instead of seq2seq",
+                 role="ablation")
+def _seqmoe_markov(inp: SystemInputs) -> System:
+    policy = ForecastPolicy.from_trace(inp.train)
+    return System("seqmoe-markov-forecast", policy, AffinityPredictor(inp.train), DeadlinePrefetcher(policy))
+
+
+@register_system("seqmoe-prior-eviction", "ablation: seqmoe's learned reuse prior alone (no forecast, no prefetch)",
+                 role="ablation")
+def _seqmoe_prior(inp: SystemInputs) -> System:
+    return System("seqmoe-prior-eviction", ForecastPolicy.from_trace(inp.train))
+
+
+@register_system("seqmoe-oracle-forecast", "seqmoe's scheduler and eviction fed the true next 20 tokens: its upper bound",
+                 role="oracle")
+def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
+    t = inp.test
+    policy = ForecastPolicy.from_trace(inp.train)
+    # Re-planning after each layer's compute pays with a certain forecast (not with seqmoe's: docs/LOG.md).
+    return System("seqmoe-oracle-forecast", policy, OracleForecaster(t, 20 * t.num_layers, inp.visits),
+                  DeadlinePrefetcher(policy, replan_after_compute=True))
+
+
+@register_system("seqmoe-oracle-draft", "seqmoe-no-far-head fed the true next token as its draft (confidence 1): "
+                 "drafting's ceiling (a trace without token ids drafts nothing)",
+                 role="oracle", needs_predictor=True)
+def _seqmoe_oracle_draft(inp: SystemInputs) -> System:
+    if inp.visits is not None:
+        raise UserError("seqmoe-oracle-draft drafts the replayed trace's next token by position: it replays batch 1 only")
+    policy = _prior(inp)
+    predictor = _seq(inp, far_head=False).use_drafter(TrueTokenDrafter(inp.test))  # guesses feed the next token's rows
+    return System("seqmoe-oracle-draft", policy, predictor, DeadlinePrefetcher(policy))

@@ -1,0 +1,149 @@
+"""Save and load the seq2seq forecaster; find or train the one a replay needs, and find the one a
+model learned online.
+
+    predictor = seq_predictor_for(cfg.predictor, train)   # a checkpoint dir, or None: train (cached)
+    weights, info = load_online(online_dir(key), config) or (None, {})
+
+Without a checkpoint the forecaster is trained on the training trace once and kept under
+`$SEQMOE_CACHE` (default `~/.cache/seqmoe`), keyed by a fingerprint of that trace. A forecaster
+learned online (`seqmoe.brain.predict.online`) is kept there too, keyed by the model's identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+from seqmoe.base.errors import UserError
+from seqmoe.brain.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
+from seqmoe.trace.schema import RoutingTrace
+
+FORMAT = "seqmoe-seq-predictor"
+VERSION = "1"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+
+
+def save_checkpoint(out_dir: str | os.PathLike, config: SeqConfig, weights: dict[str, np.ndarray],
+                    info: dict) -> None:
+    """Write `model.safetensors` (float32 weights) and `config.json` (config + info) into `out_dir`."""
+    from safetensors.numpy import save_file
+
+    from seqmoe.base.files import atomic_path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in weights.items()}
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(tensors, tmp, metadata={"format": FORMAT, "version": VERSION})
+    doc = {"format": FORMAT, "version": VERSION, "config": config.to_dict(), **info}
+    with atomic_path(out / CONFIG_FILE) as tmp:
+        Path(tmp).write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def load_seq_predictor(path: str | os.PathLike, *, window: int | None = None) -> SeqPredictor:
+    """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt.
+
+    `window`: see `SeqPredictor` (None: the reference inference)."""
+    from safetensors import SafetensorError, safe_open
+
+    d = Path(path)
+    hint = "train one with `seqmoe train --trace TRAIN --out DIR`"
+    if not d.is_dir():
+        raise PredictorError(f"no predictor folder at {d}; {hint}")
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (d / name).is_file():
+            raise PredictorError(f"{d} lacks {name}: not a predictor checkpoint; {hint}")
+    try:
+        doc = json.loads((d / CONFIG_FILE).read_text())
+        if doc.get("format") != FORMAT:
+            raise PredictorError(f"{d / CONFIG_FILE}: format {doc.get('format')!r}, expected {FORMAT!r}")
+        if doc.get("version") != VERSION:
+            raise PredictorError(f"{d / CONFIG_FILE}: version {doc.get('version')!r}; this seqmoe reads {VERSION}")
+        config = SeqConfig.from_dict(doc["config"])
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        raise PredictorError(f"{d / CONFIG_FILE}: unreadable predictor config ({e})") from None
+    try:
+        with safe_open(d / WEIGHTS_FILE, framework="numpy") as f:
+            weights = {k: f.get_tensor(k) for k in f.keys()}
+    except (SafetensorError, OSError) as e:
+        raise PredictorError(f"{d / WEIGHTS_FILE}: unreadable weights ({e})") from None
+    want = config.weight_shapes()
+    bad = [f"{k}: {weights[k].shape if k in weights else 'missing'} != {s}" for k, s in want.items()
+           if k not in weights or tuple(weights[k].shape) != s]
+    if bad:
+        raise PredictorError(f"{d / WEIGHTS_FILE} does not match {CONFIG_FILE}: {'; '.join(bad[:3])}")
+    return SeqPredictor(config, weights, {k: v for k, v in doc.items() if k not in ("format", "version", "config")},
+                        window=window)
+
+
+def trace_fingerprint(trace: RoutingTrace) -> str:
+    """16 hex digits identifying a trace's routing, request boundaries and tokens."""
+    h = hashlib.sha256()
+    for a in (trace.expert_ids, trace.request_offsets, trace.token_ids):
+        if a is not None:
+            h.update(a.tobytes())
+    h.update("\n".join(trace.vocab or ()).encode())
+    return h.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("SEQMOE_CACHE", Path.home() / ".cache" / "seqmoe"))
+
+
+def seq_predictor_for(path: str | None, train: RoutingTrace, *, progress: bool = False) -> SeqPredictor:
+    """Load the checkpoint at `path`, or the cached one trained on `train`, training it if absent."""
+    if path is not None:
+        return load_seq_predictor(path)
+    out = cache_dir() / "predictors" / trace_fingerprint(train)
+    if not (out / "model.safetensors").is_file():
+        try:
+            from seqmoe.brain.predict.train import train_seq_predictor
+        except ImportError:
+            raise UserError("training a forecaster needs torch (pip install 'seqmoe[train]'); "
+                            "or pass --predictor DIR") from None
+        print(f"seqmoe: no --predictor given; training one on the training trace into {out} "
+              "(once, up to 15 minutes)", file=sys.stderr)
+        train_seq_predictor(train, out, progress=progress)
+    pred = load_seq_predictor(out)
+    if not pred.config.far_head:  # cached before the long-range head existed: fit it once
+        try:
+            from seqmoe.brain.predict.train import with_far_head
+        except ImportError:  # no torch: the forecaster as it is
+            return pred
+        print(f"seqmoe: fitting the long-range head of the cached forecaster in {out} (once)", file=sys.stderr)
+        save_checkpoint(out, *with_far_head(pred.config, pred.w, train), pred.info)
+        pred = load_seq_predictor(out)
+    return pred
+
+
+def online_dir(model_key: str) -> Path:
+    """Where the online forecaster of the model identified by `model_key` is kept."""
+    return cache_dir() / "online" / model_key
+
+
+def load_online(folder: Path, config: SeqConfig) -> tuple[dict, dict] | None:
+    """(weights, its `online` info: `tokens_learned`, `use_rate`) of the forecaster kept in `folder`, or
+    None when there is none; one that is corrupt or of another shape is warned about and ignored (the
+    next round overwrites it), never loaded."""
+    if not folder.exists():
+        return None
+    try:
+        pred = load_seq_predictor(folder)
+        info = pred.info.get("online")
+        if pred.config != config:
+            raise PredictorError(f"it is of another shape ({pred.config.to_dict()}, this model's: {config.to_dict()})")
+        LE = config.num_layers * config.num_experts
+        if not isinstance(info, dict) or len(info.get("use_rate", ())) != LE or \
+                not isinstance(info.get("tokens_learned"), int):
+            raise PredictorError("its online record (tokens learned, use rates) is missing or malformed")
+    except PredictorError as e:
+        warnings.warn(f"seqmoe: ignoring the cached forecaster at {folder}: {e}; a new one is learned", stacklevel=2)
+        return None
+    return pred.w, info

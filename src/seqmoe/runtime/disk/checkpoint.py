@@ -1,0 +1,250 @@
+"""`ExpertFiles`: each routed expert's bytes in the checkpoint's safetensors files, read into a packed row.
+
+    files = ExpertFiles.open(folder, experts_paths, layout, num_experts)
+    files.read_into(layer, e, out)    # out [P] of layout.dtype: what layout.pack gives for the loaded model
+    files.expert_nbytes(layer, e)     # bytes one read_into takes from disk
+    files.check(); files.expert_keys; files.close()
+
+`layer` counts MoE layers (the order of `experts_paths`, i.e. `arch.moe`). An experts module holds
+stacked parameters (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], ...); checkpoints store them
+either the same way (fused, GPT-OSS: expert e is one contiguous slice of each) or per expert in the
+original format (`{prefix}.{e}.gate_proj.weight` + `up_proj` concatenated along dim 0 give
+`gate_up_proj`; Mixtral calls them w1, w3, w2 under `block_sparse_moe`). Each expert's byte ranges
+are planned once at open, ranges adjacent in a file merged into one read.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from seqmoe.arch.layout import ExpertLayout
+from seqmoe.runtime.disk.index import CheckpointChanged, CheckpointIndex
+from seqmoe.runtime.disk.reader import DiskReader, ShortRead
+from seqmoe.base.errors import UserError
+
+__all__ = ["CheckpointChanged", "ExpertFiles", "checkpoint_keys"]
+
+RENAMES: tuple[tuple[str, str], ...] = ((".mlp.", ".block_sparse_moe."),)
+"""(in the model, in the checkpoint) module-path renames tried when the exact path is absent:
+Mixtral's (and MiniMax's) MoE block is saved as `block_sparse_moe` (transformers' conversion_mapping)."""
+_PER_EXPERT = {"gate_up_proj": (("gate_proj", "w1"), ("up_proj", "w3")), "down_proj": (("down_proj", "w2"),)}
+"""A stacked parameter -> the per-expert linears concatenated along dim 0 to make it, each with its aliases."""
+
+
+@dataclass(frozen=True)
+class _Piece:
+    """One checkpoint tensor's share of an expert: `nbytes` at `rel` in its read -> row[dest:dest+numel]."""
+
+    rel: int
+    nbytes: int
+    dtype: torch.dtype
+    dest: int
+    numel: int
+
+
+@dataclass(frozen=True)
+class _Read:
+    """One request to one file: `nbytes` from absolute `offset`, split into pieces in file order."""
+
+    file: int
+    offset: int
+    nbytes: int
+    pieces: tuple[_Piece, ...]
+
+
+def checkpoint_keys(name: str) -> list[str]:
+    """`name` (a model parameter or module path), then its forms under `RENAMES`: the checkpoint keys to try."""
+    return [name] + [name.replace(m, c) for m, c in RENAMES if m in name]
+
+
+def _has_prefix(index: CheckpointIndex, prefix: str) -> bool:
+    """Whether some key of `index` lies under module `prefix` (the set of prefixes built once per index)."""
+    prefixes = index.__dict__.get("_prefixes")
+    if prefixes is None:
+        prefixes = {k.rsplit(".", j)[0] for k in index.tensors for j in range(1, k.count(".") + 1)}
+        index.__dict__["_prefixes"] = prefixes
+    return prefix in prefixes
+
+
+class ExpertFiles:
+    """Packed rows of the routed experts, read from the checkpoint on demand (thread-safe)."""
+
+    def __init__(self, index: CheckpointIndex, reader: DiskReader, plans: list[list[tuple[_Read, ...]]],
+                 layout: ExpertLayout, experts_paths: tuple[str, ...], expert_keys: set[str]):
+        self.index, self.reader, self.layout = index, reader, layout
+        self.experts_paths, self.expert_keys = experts_paths, expert_keys
+        self._plans = plans
+        self._files = [reader.open(p) for p in index.paths]
+
+    @classmethod
+    def open(cls, folder, experts_paths, layout: ExpertLayout, num_experts: int, *,
+             mode: str | None = None, index: CheckpointIndex | None = None) -> ExpertFiles:
+        """Map every expert of every layer from `folder`'s headers; UserError for a part not found or
+        shaped unlike `layout`, or a quantized checkpoint. `mode`: the DiskReader's ("direct", "buffered")."""
+        index = index or CheckpointIndex.open(Path(folder))
+        plans, keys = [], set()
+        for layer, path in enumerate(experts_paths):
+            prefix = _experts_prefix(index, path)
+            plans.append([_plan(index, layout, layer, path, prefix, e, num_experts, keys) for e in range(num_experts)])
+        return cls(index, DiskReader(mode), plans, layout, tuple(experts_paths), keys)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self._plans)
+
+    @property
+    def bytes_read(self) -> int:
+        """Bytes read from disk since open, all threads together."""
+        return sum(f.bytes_read for f in self._files)
+
+    def expert_nbytes(self, layer: int, e: int) -> int:
+        """Bytes `read_into(layer, e, ...)` reads from disk (the merged ranges)."""
+        return sum(r.nbytes for r in self._plans[layer][e])
+
+    def read_into(self, layer: int, e: int, out: torch.Tensor) -> None:
+        """Fill `out` [P] (layout.dtype, contiguous, CPU) with expert `e` of MoE layer `layer`, packed as
+        `layout.pack` packs it. CheckpointChanged if a file is missing, truncated or changed since open."""
+        L = self.layout
+        if out.shape != (L.numel,) or out.dtype != L.dtype or not out.is_contiguous() or out.device.type != "cpu":
+            raise ValueError(f"out must be a contiguous CPU [{L.numel}] {L.dtype} tensor, got "
+                             f"{tuple(out.shape)} {out.dtype} on {out.device}")
+        what = f"layer {layer} expert {e} ({self.experts_paths[layer]})"
+        row = out.view(torch.uint8).numpy()
+        for r in self._plans[layer][e]:
+            self.index.check_file(r.file, what)
+            try:
+                self._read(r, out, row)
+            except ShortRead:
+                raise CheckpointChanged(f"checkpoint file {self.index.paths[r.file]} ends before the bytes of "
+                                        f"{what}: it was truncated since the model was loaded; reload the model") from None
+            except FileNotFoundError:
+                raise CheckpointChanged(f"checkpoint file {self.index.paths[r.file]} is missing while reading "
+                                        f"{what}; reload the model") from None
+            self.index.check_file(r.file, what)  # changed during the read: the bytes may mix old and new
+
+    def _read(self, r: _Read, out: torch.Tensor, row) -> None:
+        f, isz = self._files[r.file], out.element_size()
+        if _direct_ok(r, out.dtype):  # same dtype, no gaps: scatter straight into the row
+            views = [memoryview(row[p.dest * isz:(p.dest + p.numel) * isz]) for p in r.pieces]
+            self.reader.read_into(f, r.offset, views)
+            return
+        buf = self.reader.read(f, r.offset, r.nbytes)
+        for p in r.pieces:  # convert (bf16 on disk -> fp32 model, ...) or skip gaps between pieces
+            convert_into(buf[p.rel:p.rel + p.nbytes], p.dtype, out[p.dest:p.dest + p.numel])
+
+    def check(self) -> None:
+        """CheckpointChanged unless every checkpoint file is unchanged since open."""
+        self.index.check()
+
+    def close(self) -> None:
+        for f in self._files:
+            self.reader.close(f)
+        self._files = []
+
+    def __enter__(self) -> ExpertFiles:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+_NUMPY = {torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}
+
+
+def convert_into(buf: memoryview, dtype: torch.dtype, dst: torch.Tensor) -> None:
+    """Write the numbers `buf` holds as `dtype` into `dst` (1-D, contiguous), converted to its dtype.
+    numpy where it can: single-threaded without the GIL, where torch's copy_ would split the work over
+    its intra-op threads, contending with the model thread (and 10x slower on a busy 2-core machine)."""
+    if dtype == torch.bfloat16 and dst.dtype == torch.float32:  # bf16 is the top half of an fp32: exact
+        np.left_shift(np.frombuffer(buf, dtype=np.uint16), 16, dtype=np.uint32,
+                      out=dst.view(torch.int32).numpy().view(np.uint32))
+    elif dtype == dst.dtype:
+        np.copyto(dst.view(torch.uint8).numpy(), np.frombuffer(buf, dtype=np.uint8))
+    elif dtype in _NUMPY and dst.dtype in _NUMPY:
+        np.copyto(dst.numpy(), np.frombuffer(buf, dtype=_NUMPY[dtype]), casting="unsafe")
+    else:  # e.g. fp32 on disk -> bf16 rows: torch's rounding (what from_pretrained's .to() gives)
+        dst.copy_(torch.frombuffer(buf, dtype=dtype))
+
+
+def _direct_ok(r: _Read, dtype: torch.dtype) -> bool:
+    at = 0
+    for p in r.pieces:
+        if p.dtype != dtype or p.rel != at:
+            return False
+        at += p.nbytes
+    return at == r.nbytes
+
+
+def _experts_prefix(index: CheckpointIndex, path: str) -> str:
+    """The checkpoint's name for the experts module at `path` (the first candidate with keys under it)."""
+    for cand in checkpoint_keys(path):
+        if _has_prefix(index, cand):
+            return cand
+    tried = ", ".join(checkpoint_keys(path))
+    raise UserError(f"the checkpoint in {index.folder} has no tensors under the routed experts module {path} "
+                    f"(tried {tried}); it was not saved from this model")
+
+
+def _plan(index, layout, layer, path, prefix, e, E, keys) -> tuple[_Read, ...]:
+    """The merged reads of expert `e`: every layout part located, checked against its shape, then the
+    parts sorted by file position and adjacent ones joined."""
+    parts = []  # (file, offset, nbytes, dtype, dest, numel)
+    for name, shape, dest in zip(layout.names, layout.shapes, layout.offsets):
+        for key, entry, off, numel in _locate(index, layer, path, prefix, e, E, name, shape):
+            keys.add(key)
+            parts.append((entry.file, off, numel * entry.dtype.itemsize, entry.dtype, dest, numel))
+            dest += numel
+    parts.sort(key=lambda p: (p[0], p[1]))
+    reads, group = [], []
+    for p in parts:
+        if group and (p[0] != group[0][0] or p[1] != group[-1][1] + group[-1][2]):
+            reads.append(_join(group))
+            group = []
+        group.append(p)
+    reads.append(_join(group))
+    return tuple(reads)
+
+
+def _join(group: list[tuple]) -> _Read:
+    file, start = group[0][0], group[0][1]
+    pieces = tuple(_Piece(off - start, nb, dt, dest, n) for _, off, nb, dt, dest, n in group)
+    end = group[-1][1] + group[-1][2]
+    return _Read(file, start, end - start, pieces)
+
+
+def _locate(index, layer, path, prefix, e, E, name, shape) -> list[tuple]:
+    """[(key, entry, absolute offset, numel)] making up part `name` [shape] of expert e, in row order."""
+    fused = f"{prefix}.{name}"
+    entry = index.tensors.get(fused)
+    numel = math.prod(shape)
+    if entry is not None:  # stacked [E, *shape] as in memory: expert e is one slice
+        _check_shape(index, fused, entry.shape, (E, *shape), layer, path, e, name)
+        return [(fused, entry, entry.offset + e * numel * entry.dtype.itemsize, numel)]
+    base, kind = (name[:-5], "bias") if name.endswith("_bias") else (name, "weight")
+    groups = _PER_EXPERT.get(base, ((base,),))
+    rows = shape[0] // len(groups) if shape else 0
+    out, tried = [], [fused]
+    for aliases in groups:
+        cands = [f"{prefix}.{e}.{a}.{kind}" for a in aliases]
+        key = next((k for k in cands if k in index.tensors), None)
+        tried += cands
+        if key is None:
+            raise UserError(f"the checkpoint in {index.folder} has no {name} of layer {layer} expert {e} "
+                            f"({path}): tried {', '.join(tried)}; it was not saved from this model, or this "
+                            "architecture's experts are stored differently (seqmoe/disk/checkpoint.py)")
+        want = (rows, *shape[1:])
+        _check_shape(index, key, index.tensors[key].shape, want, layer, path, e, name)
+        out.append((key, index.tensors[key], index.tensors[key].offset, math.prod(want)))
+    return out
+
+
+def _check_shape(index, key, got, want, layer, path, e, name) -> None:
+    if tuple(got) != tuple(want):
+        raise UserError(f"checkpoint tensor {key} in {index.folder} has shape {list(got)}, but {name} of layer "
+                        f"{layer} expert {e} ({path}) needs {list(want)}: the checkpoint does not match the model's "
+                        "config, or stores this architecture's experts differently")

@@ -1,0 +1,150 @@
+"""`load_skeleton`: a transformers MoE model with everything but its routed experts read from the checkpoint.
+
+    model, skel = load_skeleton(folder)          # experts' parameters stay on the meta device
+    files = skel.open_files()                    # ExpertFiles for the experts (checkpoint.py)
+
+The model is built on the meta device (no memory), then each parameter and persistent buffer other
+than the routed experts' is read from the checkpoint on its own (its exact key, else the family's
+rename, e.g. Mixtral's `block_sparse_moe`), the non-persistent buffers (rotary `inv_freq`) are
+recomputed by the model's own `_init_weights`, and tied embeddings are tied again. Peak memory is
+the dense part: no expert byte is read here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from seqmoe.arch import ExpertLayout, model_arch
+from seqmoe.runtime.disk.checkpoint import ExpertFiles, checkpoint_keys
+from seqmoe.runtime.disk.index import CheckpointIndex, refuse_quantized
+from seqmoe.runtime.disk.reader import DiskReader
+from seqmoe.base.errors import UserError
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """What `ExpertFiles.open` needs for a skeleton model, and what loading it read."""
+
+    folder: Path
+    experts_paths: tuple[str, ...]
+    """Per MoE layer (the order of `model_arch(model).moe`), the module path of its routed experts."""
+    layout: ExpertLayout
+    num_experts: int
+    index: CheckpointIndex
+    dense_bytes: int
+    """Bytes read from the checkpoint to build the model (the dense part; no expert byte)."""
+
+    def open_files(self, mode: str | None = None) -> ExpertFiles:
+        """The routed experts' tensors in the checkpoint (`mode`: the DiskReader's)."""
+        return ExpertFiles.open(self.folder, self.experts_paths, self.layout, self.num_experts,
+                                mode=mode, index=self.index)
+
+
+def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str | None = None, check=None):
+    """(model, Skeleton): the `*ForCausalLM` of `folder` in eval mode, with its routed experts' parameters
+    on the meta device and everything else read from the checkpoint. `dtype`: the model's (default: the
+    config's, else float32). `check(model, arch, layout)`: runs on the meta model, before anything is
+    read (budgets fail first). UserError for a quantized checkpoint or model keys the checkpoint lacks."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    folder = Path(folder)
+    refuse_quantized(folder)
+    if not (folder / "config.json").is_file():
+        raise UserError(f"{folder} has no config.json; give a folder saved by save_pretrained")
+    config = AutoConfig.from_pretrained(folder)
+    dtype = _resolve_dtype(dtype if dtype is not None else getattr(config, "dtype", None))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    arch = model_arch(model)
+    names = {id(m): n for n, m in model.named_modules()}
+    experts_paths = tuple(names[id(m.experts)] for m in arch.moe)
+    layout = arch.layout(arch.moe[0].experts)  # shapes and dtype only: works on meta parameters
+    if check is not None:
+        check(model, arch, layout)
+    skip = {f"{p}.{n}" for p in experts_paths for n in layout.names}
+    index = CheckpointIndex.open(folder)
+    nbytes = _materialise(model, index, skip, mode)
+    _init_nonpersistent(model)
+    if config.get_text_config().tie_word_embeddings:
+        model.tie_weights()
+    left = [n for n, p in model.named_parameters() if p.is_meta and n not in skip]
+    left += [n for n, b in model.named_buffers() if b.is_meta]
+    if left:
+        raise UserError(f"the checkpoint in {folder} lacks {', '.join(left[:8])}{' ...' if len(left) > 8 else ''} "
+                        f"({len(left)} model tensors); it was not saved from a {type(model).__name__}")
+    return model.eval(), Skeleton(folder, experts_paths, layout, arch.num_experts, index, nbytes)
+
+
+def _resolve_dtype(dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and isinstance(getattr(torch, dtype.removeprefix("torch."), None), torch.dtype):
+        return getattr(torch, dtype.removeprefix("torch."))
+    if dtype in (None, "auto"):
+        return torch.float32
+    raise UserError(f"unknown dtype {dtype!r}; give e.g. float32 or bfloat16")
+
+
+def _materialise(model: torch.nn.Module, index: CheckpointIndex, skip: set[str], mode: str | None) -> int:
+    """Read every parameter and persistent buffer not in `skip` from the checkpoint, in place of the
+    meta tensor; the bytes read. Tensors tied to one another appear once here (tie_weights re-ties)."""
+    reader, files, nbytes = DiskReader(mode), {}, 0
+    try:
+        for name, meta, is_param in _dense_tensors(model, skip):
+            key = next((k for k in checkpoint_keys(name) if k in index.tensors), None)
+            if key is None:
+                continue  # tied (restored by tie_weights) or truly missing (reported after)
+            entry = index.tensors[key]
+            if entry.shape != tuple(meta.shape):
+                raise UserError(f"checkpoint tensor {key} in {index.folder} has shape {list(entry.shape)}, but the "
+                                f"model's {name} is {list(meta.shape)}: the checkpoint does not match its config.json")
+            value = index.read_tensor(key, reader, files).to(meta.dtype)
+            nbytes += entry.nbytes
+            _set(model, name, value, is_param, meta)
+    finally:
+        for f in files.values():
+            reader.close(f)
+    return nbytes
+
+
+def _dense_tensors(model: torch.nn.Module, skip: set[str]):
+    """(name, meta tensor, is parameter) of each parameter and persistent buffer outside `skip`."""
+    for name, p in model.named_parameters():
+        if name not in skip:
+            yield name, p, True
+    for mod_name, module in model.named_modules():
+        for leaf, b in module._buffers.items():
+            if b is not None and leaf not in module._non_persistent_buffers_set:
+                yield f"{mod_name}.{leaf}" if mod_name else leaf, b, False
+
+
+def _set(model: torch.nn.Module, name: str, value: torch.Tensor, is_param: bool, meta: torch.Tensor) -> None:
+    mod_name, _, leaf = name.rpartition(".")
+    module = model.get_submodule(mod_name)
+    if is_param:
+        module.register_parameter(leaf, torch.nn.Parameter(value, requires_grad=meta.requires_grad))
+    else:
+        module._buffers[leaf] = value
+
+
+@torch.no_grad()
+def _init_nonpersistent(model: torch.nn.Module) -> None:
+    """Give each module's non-persistent buffers (not in checkpoints: rotary inv_freq, ...) the values the
+    model's own `_init_weights` computes; UserError if it leaves a float buffer unset (NaN sentinel)."""
+    for mod_name, module in model.named_modules():
+        names = [n for n in module._non_persistent_buffers_set if module._buffers.get(n) is not None]
+        if not any(module._buffers[n].is_meta for n in names):
+            continue
+        for n in names:
+            b = module._buffers[n]
+            module._buffers[n] = torch.full(b.shape, math.nan, dtype=b.dtype) if b.is_floating_point() \
+                else torch.zeros(b.shape, dtype=b.dtype)
+        model._init_weights(module)
+        unset = [n for n in names if module._buffers[n].is_floating_point() and module._buffers[n].isnan().any()]
+        if unset:
+            raise UserError(f"{type(model).__name__}._init_weights does not compute the buffers {unset} of "
+                            f"{mod_name} ({type(module).__name__}); seqmoe cannot load this model without its experts")

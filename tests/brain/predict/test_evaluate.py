@@ -1,0 +1,95 @@
+"""Forecast metrics on hand-made cases: oracle, constant and uncovered forecasts.
+
+Run: .venv/bin/python -m pytest tests/brain/predict/test_evaluate.py -q
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.evaluate import (
+    default_horizons, evaluate_predictor, evaluate_predictors, format_table, plot_recall, topk_hits,
+)  # fmt: skip
+from seqmoe.brain.predict.baselines.freq import FrequencyPredictor, layer_popularity
+from tests.conftest import make_trace
+
+
+class Oracle:
+    """Knows the trace: forecasts the true experts with probability 1 for `horizon` positions."""
+
+    def __init__(self, trace, horizon: int) -> None:
+        T, L, K = trace.expert_ids.shape
+        self.onehot = np.zeros((T * L + horizon + 1, trace.num_experts), dtype=np.float32)
+        flat = trace.expert_ids.reshape(T * L, K)
+        np.put_along_axis(self.onehot[: T * L], flat.astype(np.int64), 1.0, axis=1)
+        self.horizon = horizon
+
+    def begin_request(self):
+        pass
+
+    def begin_token(self, step, token_id):
+        pass
+
+    def observe(self, step, ids):
+        pass
+
+    def predict(self, step):
+        steps = np.arange(step + 1, step + 1 + self.horizon)
+        return Forecast(steps, self.onehot[steps])
+
+
+class Constant(Oracle):
+    """Always forecasts experts 0..K-1, for only `horizon` positions."""
+
+    def predict(self, step):
+        steps = np.arange(step + 1, step + 1 + self.horizon)
+        probs = np.zeros((self.horizon, self.onehot.shape[1]), dtype=np.float32)
+        probs[:, :2] = 1.0
+        return Forecast(steps, probs)
+
+
+def test_topk_hits_by_hand():
+    probs = np.array([[0.9, 0.8, 0.1, 0.0], [0.0, 0.1, 0.7, 0.6]])
+    truth = np.array([[0, 2], [2, 3]])
+    assert topk_hits(probs, truth, 2).tolist() == [1, 2]
+    assert topk_hits(probs, truth, 3).tolist() == [2, 2]
+    assert topk_hits(probs, truth, 4).tolist() == [2, 2]
+
+
+def test_oracle_scores_one():
+    trace = make_trace(num_tokens=60, num_layers=3, num_experts=8, top_k=2)
+    hs = default_horizons(3)
+    assert hs == (1, 2, 3, 4, 6)
+    res = evaluate_predictor(trace, Oracle(trace, 6), horizons=hs)
+    for h in hs:
+        assert res["recall_at_k"][h] == 1.0 and res["recall_at_2k"][h] == 1.0
+        assert res["uncovered"][h] == 0
+    # Only targets inside the request count: fewer targets for longer horizons.
+    assert res["targets"][1] > res["targets"][6] > 0
+
+
+def test_constant_and_uncovered():
+    trace = make_trace(num_tokens=60, num_layers=3, num_experts=8, top_k=2)
+    res = evaluate_predictor(trace, Constant(trace, 2), horizons=(1, 2, 4))
+    T, L, K = trace.expert_ids.shape
+    # Forecast {0, 1} at every covered horizon: recall = mean share of {0, 1} in the true pair.
+    share = np.isin(trace.expert_ids, [0, 1]).sum(axis=2).reshape(-1) / K
+    assert abs(res["recall_at_k"][1] - share[1:].mean()) < 0.05
+    assert res["recall_at_k"][4] == 0.0 and res["uncovered"][4] == res["targets"][4] > 0
+
+
+def test_stride_and_frequency(tmp_path):
+    train = make_trace(num_tokens=200, seed=1)
+    test = make_trace(num_tokens=60, seed=2)
+    pop = layer_popularity(train)
+    assert np.allclose(pop.sum(axis=1), train.top_k)
+    full = evaluate_predictor(test, FrequencyPredictor(train))
+    half = evaluate_predictor(test, FrequencyPredictor(train), stride=2)
+    assert half["targets"][1] < full["targets"][1]
+    res = evaluate_predictors(test, {"freq": FrequencyPredictor(train), "oracle": Oracle(test, 6)})
+    table = format_table(res)
+    assert "oracle" in table and "h=L" in table and "1.000" in table
+    assert res["predictors"]["freq"]["decision"]["us_per_layer"] > 0
+    plot_recall(res, tmp_path / "recall.png", caption="test")
+    assert (tmp_path / "recall.png").stat().st_size > 1000

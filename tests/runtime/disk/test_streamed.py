@@ -1,0 +1,129 @@
+"""Models whose experts stream from the checkpoint on disk (`seqmoe.load`): exact, and failing loudly."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+import seqmoe  # noqa: E402
+from seqmoe.base.errors import UserError  # noqa: E402
+from tests.arch.collect.tiny_models import save_tiny_checkpoint  # noqa: E402
+
+PROMPT = torch.tensor([[1, 17, 42, 5, 88, 23]])
+LOGITS_INPUT = torch.tensor([[1, 61, 9, 33, 70, 12, 4]])
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """{arch: (folder, the model loaded whole from it, its greedy tokens, its logits)}."""
+    from transformers import AutoModelForCausalLM
+
+    out = {}
+    for arch in ("mixtral", "qwen3_moe", "deepseek_v3"):
+        folder = tmp_path_factory.mktemp(arch)
+        save_tiny_checkpoint(arch, folder, tokenizer=False)
+        full = AutoModelForCausalLM.from_pretrained(folder).eval()
+        with torch.no_grad():
+            out[arch] = (folder, full, _greedy(full), full(LOGITS_INPUT, use_cache=False).logits)
+    return out
+
+
+def _greedy(model):
+    return model.generate(PROMPT, max_new_tokens=8, do_sample=False, num_beams=1, pad_token_id=0)
+
+
+def _host_bytes(full, share: float) -> int:
+    """Host memory for `share` of the routed experts of `full` (the model loaded whole)."""
+    from seqmoe.arch import model_arch
+
+    layers = model_arch(full).moe
+    experts = layers[0].experts
+    one = sum(p[0].numel() * p.element_size() for p in experts.parameters())
+    return int(share * len(layers) * layers[0].num_experts) * one
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("system,miss", [("on-demand-lru", "copy"), ("seqmoe", "auto"), ("seqmoe", "cpu")])
+def test_streamed_model_equals_the_model_loaded_whole(checkpoints, arch, system, miss):
+    folder, full, tokens, logits = checkpoints[arch]
+    host = _host_bytes(full, 0.3)
+    model, rt = seqmoe.load(folder, residency=0.1, host_memory=host, system=system, miss=miss)
+    try:
+        assert rt.pool.cache.tier.rows < rt.pool.num_layers * rt.pool.num_experts
+        assert torch.equal(_greedy(model), tokens)
+        with torch.no_grad():
+            got = model(LOGITS_INPUT, use_cache=False).logits
+        assert (got - logits).abs().max().item() <= 1e-5
+        stats = rt.stats()
+        assert stats["disk_reads"] > stats["host_rows"]  # the cache was too small to hold everything read
+        assert stats["host_expert_bytes"] <= host
+    finally:
+        rt.close()
+
+
+def test_a_streamed_batch_equals_the_model_loaded_whole(checkpoints):
+    folder, full, _, _ = checkpoints["deepseek_v3"]
+    batch = torch.tensor([[0, 0, 1, 17, 42, 5], [1, 61, 9, 33, 70, 12]])
+    mask = (torch.arange(6) >= torch.tensor([[2], [0]])).long()  # left padding
+    gen = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
+    want = full.generate(batch, **gen)
+    model, rt = seqmoe.load(folder, residency=0.1, host_memory=_host_bytes(full, 0.3), system="seqmoe", miss="copy")
+    try:
+        assert torch.equal(model.generate(batch, **gen), want)
+    finally:
+        rt.close()
+
+
+def test_host_memory_without_a_checkpoint_and_too_small_are_refused(checkpoints, monkeypatch):
+    folder, full, _, _ = checkpoints["mixtral"]
+    with pytest.raises(UserError, match="seqmoe.load"):
+        seqmoe.offload(full, residency=0.3, host_memory="1GiB")
+    import seqmoe.runtime.disk.skeleton as skeleton
+
+    def no_read(*args):
+        raise AssertionError("the dense part was read before the budgets were checked")
+
+    monkeypatch.setattr(skeleton, "_materialise", no_read)
+    with pytest.raises(UserError, match="host cache needs at least"):
+        seqmoe.load(folder, residency=0.3, host_memory="1KiB")
+    with pytest.raises(UserError, match="expert_memory"):
+        seqmoe.load(folder, expert_memory="1KiB", host_memory="1MiB")
+    monkeypatch.undo()
+    with pytest.raises(UserError, match="inline control"):
+        seqmoe.load(folder, residency=0.3, host_memory="1MiB", control="thread")
+
+
+def test_restore_is_refused_and_a_closed_runtime_says_so(checkpoints):
+    folder = checkpoints["mixtral"][0]
+    model, rt = seqmoe.load(folder, residency=0.2, host_memory="100KiB")
+    with pytest.raises(UserError, match="restore"):
+        rt.restore()
+    rt.close()
+    with pytest.raises(UserError, match="closed"):
+        _greedy(model)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "rewrite", "delete"])
+def test_a_checkpoint_changed_while_running_fails_loudly(tmp_path, damage):
+    save_tiny_checkpoint("mixtral", tmp_path, tokenizer=False)
+    model, rt = seqmoe.load(tmp_path, residency=0.1, host_memory="100KiB", system="on-demand-lru", miss="copy")
+    try:
+        _greedy(model)  # runs from the checkpoint as it was
+        path = tmp_path / "model.safetensors"
+        data = path.read_bytes()
+        if damage == "truncate":
+            path.write_bytes(data[: len(data) // 2])
+        elif damage == "rewrite":
+            os.remove(path)
+            path.write_bytes(data)  # the same bytes in a new file: changed since loading all the same
+        else:
+            os.remove(path)
+        with pytest.raises(UserError, match=r"model\.safetensors.*expert|expert.*model\.safetensors"):
+            for _ in range(4):  # the next read from disk fails; rows still cached may serve a few steps
+                _greedy(model)
+    finally:
+        rt.close()
