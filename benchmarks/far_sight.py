@@ -11,7 +11,7 @@
 
 Workloads: seqmoe-tiny's held-out routing (train: its training routing), and DeepSeek-V2-Lite's last
 200 Puffin prompts (train: the other 1,599; skipped when ../shared is absent). The forecasters are
-trained once per training split and cached (`seqmoe.brain.predict.checkpoints.seq_predictor_for`).
+trained once per training split and cached (`seqmoe.brain.predict.provide.seq_predictor_for`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from puffin_split import add_shared_flag, puffin_split
 from seqmoe.config import SimConfig
-from seqmoe.brain.predict.checkpoints import seq_predictor_for
+from seqmoe.brain.predict.provide import seq_predictor_for
 from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
 from seqmoe.brain.predict.evaluate import evaluate_predictor
 from seqmoe.sim.run import load_workload, run_one

@@ -30,7 +30,7 @@ from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.manager import System, capacity_for, start_placement
 from seqmoe.brain.predict.buckets import trace_buckets
 from seqmoe.brain.predict.base import Forecast
-from seqmoe.brain.predict.checkpoints import seq_predictor_for
+from seqmoe.brain.predict.provide import seq_predictor_for
 from seqmoe.brain.predict.far_head import RHO, fit_far_head, gru_states, tokens_to_next_use
 from seqmoe.brain.predict.seqmodel import SeqPredictor
 from seqmoe.costs.profiles import get_hardware_profile, get_model_profile

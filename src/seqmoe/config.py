@@ -16,6 +16,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 from seqmoe.base.errors import UserError
@@ -25,7 +26,7 @@ from seqmoe.brain.manager.systems import live_systems, system_spec
 from seqmoe.arch.model_dirs import DTYPES, resolve_model_dir
 from seqmoe.costs.precision import check_precision, parse_bytes
 from seqmoe.brain.predict.drafters import check_draft
-from seqmoe.sim.lockstep import ADMISSIONS
+from seqmoe.brain.admission import ADMISSIONS
 from seqmoe.costs.profiles import HardwareProfile, get_hardware_profile, get_model_profile
 from seqmoe.brain.manager.disk_clock import host_rows
 from seqmoe.brain.manager.host_tier import POLICIES as HOST_POLICIES
@@ -59,59 +60,106 @@ SHOWN_DEFAULT = "shown_default"
 
 
 @dataclass(frozen=True, kw_only=True)
-class SimConfig:
+class ManagerConfig:
+    """What the simulator and the runtime share: the system that manages the experts, the budgets it
+    manages, how its misses are served, and the cost model it decides by. `SimConfig` and
+    `OffloadConfig` contain it; a field left None takes its context's default (`DEFAULTS`)."""
+
+    DEFAULTS: ClassVar[dict] = {}
+    """Each context's defaults for the fields whose default is None here (filled in when built)."""
+
+    system: str | None = None
+    """Memory-management system (see `seqmoe systems`; oracles only replay a trace)."""
+    residency: float | None = None
+    """Fraction of all experts the device pool holds, in (0, 1]: C = floor(residency x L x E) slots (for a
+    running model the default is what --expert-memory holds; without it, on cuda the experts that fit the
+    free memory, else 0.45)."""
+    expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
+    """Precision of the expert store: int8, int4 or fp8 (groups of 64 weights with a float32 scale): host
+    rows, copies, slots and reads carry the quantized bytes (a running model's experts are quantized once
+    at offload; restore() gives them back at this precision, as seqmoe.quantize_experts does); default:
+    the model's."""
+    host_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
+    """Host memory for the routed experts, the rest streamed from the checkpoint on disk: a host cache of
+    this many bytes (or a size like 8GiB) of expert rows of the store's precision in front of the disk
+    (seqmoe.load; generate and serve load that way; a replay needs a hardware profile with
+    disk_bytes_per_s); default: every expert in host memory."""
+    miss: str | None = None
+    """How a missed expert is served: copy (into a slot), in-place (read from host memory over the link),
+    cpu (computed on the host CPU; needs a hardware profile with a host, and triton with thread control
+    on CUDA) or auto (chosen per miss from the cost model's link and host CPU); cpu-all and
+    static-split-style fix their own (a running model's default: auto with inline control, copy with
+    thread control)."""
+    routing: str = ROUTINGS[0]
+    """exact, or cache-aware: a missing routed expert may be swapped for a resident one the router scored
+    close to it, within --max-kl (`seqmoe.brain.rerouting`; a replay needs a trace collected with
+    `seqmoe trace collect --router-logits`; posted steps on CUDA apply it in a kernel)."""
+    max_kl: float | None = None
+    """Cache-aware routing's budget per token: nats of KL divergence from the router's distribution
+    (0.01-0.02 cost seqmoe-tiny under 0.5% perplexity)."""
+    twin: str | None = field(default=None, metadata={"metavar": "PRECISION"})
+    """Low-bit twin miss path (off by default): every expert also keeps a twin at this precision (int8,
+    int4 or fp8, smaller than the store) in host memory, and a miss of small gate weight reads its twin
+    over the link instead, within --twin-budget (a replay needs gate weights and reports no bound; a
+    running model needs inline control)."""
+    twin_budget: float | None = field(default=None, metadata={SHOWN_DEFAULT: DEFAULT_TWIN_BUDGET})
+    """Gate weight per token the twins may serve, summed over its MoE layers."""
+    draft: str = "none"
+    """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
+    n-grams guess the next token; the forecaster weighs the guess by its hit rate, counted as it goes).
+    It feeds the next token's forecast, which a forecaster with the long-range head leaves to the head."""
+    hardware: str | HardwareProfile | None = None
+    """Hardware profile of the cost model (the simulator's, and a running model's virtual clock): a preset
+    (see `seqmoe profiles`), a .json/.toml file of its fields, or for a running model measured: the
+    default profile with this machine's link and host CPU measured at start (its default when misses
+    may go to the host CPU, whose choice needs this machine's costs)."""
+    train: str | os.PathLike | object | None = field(default=None, metadata={"metavar": "TRACE"})
+    """Routing trace of this model: a replay's training split (learned statistics, start placement;
+    default: split --trace by request), or a running model's start placement and statistics (needed by
+    systems that learn, e.g. affinity-style; without it the pool starts empty): a file, or a
+    RoutingTrace (library)."""
+    predictor: str | os.PathLike | object | None = field(default=None, metadata={"metavar": "DIR"})
+    """Trained forecaster of the seqmoe systems (`seqmoe train`), or a SeqPredictor (library). Without it
+    a replay trains one on --train (cached), or with --online learns it from the replayed routing; a
+    running model learns it online from the routing served, starting from what this model learned
+    before ($SEQMOE_CACHE)."""
+
+    def __post_init__(self) -> None:
+        for name, value in self.DEFAULTS.items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        if self.residency is not None:
+            check_residency(self.residency)
+        check_precision(self.expert_dtype)
+        if self.host_memory is not None:
+            parse_bytes(self.host_memory, "host_memory")
+        if self.miss is not None:
+            check_miss(self.miss)
+        check_routing(self.routing, self.max_kl)
+        check_twin(self.twin, self.twin_budget)
+        check_draft(self.draft)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimConfig(ManagerConfig):
     """One replay of a trace by one system at one residency."""
 
     trace: str
     """Trace to replay: a saved .safetensors trace, a MoE-Beyond CSV folder or a Mixtral JSONL file/folder."""
-    train: str | None = None
-    """Training trace (learned statistics, start placement); default: split --trace by request."""
     test_fraction: float = 0.2
     """Without --train: the share of --trace's requests replayed (the rest trains)."""
     max_tokens: int | None = None
     """Replay only the first N tokens of the replayed trace (quick looks; default: all)."""
     model_profile: str = "deepseek-v2-lite"
     """Model profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
-    hardware: str = DEFAULT_HARDWARE
-    """Hardware profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
-    residency: float = DEFAULT_RESIDENCY
-    """Fraction of all experts the device pool holds, in (0, 1]."""
     memory: str | None = field(default=None, metadata={"metavar": "BYTES"})
     """Device memory for the expert pool, instead of --residency: bytes, or a size like 24GiB (C = the
     experts of --expert-dtype's size that fit), so precisions compare at equal memory."""
-    expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
-    """Precision of the expert store: int8, int4 or fp8, as the runtime packs them (groups of 64
-    weights with a float32 scale); default: the model profile's bytes."""
-    system: str = DEFAULT_SYSTEM
-    """Memory-management system (see `seqmoe systems`)."""
-    predictor: str | None = None
-    """Trained forecaster directory (`seqmoe train`) for the seqmoe systems; default: train one on --train
-    (cached), or with --online learn one from the replayed routing."""
     online: bool = False
     """Replay with no training data: every system starts from an empty pool, and the seqmoe systems learn
     their forecaster from the replayed routing as the runtime does (`seqmoe.brain.predict.online`)."""
     window_tokens: int | None = None
     """Also report hit rate and time per window of this many replayed tokens (`windows` in the JSON)."""
-    miss: str = "copy"
-    """How misses are served: copy (into a slot), in-place (read the host row over the link), cpu
-    (compute on the host CPU; needs a hardware profile with a host) or auto (chosen per miss);
-    cpu-all and static-split-style fix their own."""
-    routing: str = ROUTINGS[0]
-    """exact (the recorded routing) or cache-aware: a missing routed expert may be swapped for a resident
-    one the router scored close to it, within --max-kl (the trace needs router_logits: `seqmoe trace
-    collect --router-logits`)."""
-    max_kl: float | None = None
-    """Cache-aware routing's budget, nats of KL divergence per token."""
-    twin: str | None = field(default=None, metadata={"metavar": "PRECISION"})
-    """Low-bit twin miss path (off by default): a miss of small gate weight reads the expert's twin at
-    this precision (int8, int4 or fp8, smaller than the store) over the link instead, within
-    --twin-budget (the trace needs gate weights; the bound is left out)."""
-    twin_budget: float | None = field(default=None, metadata={SHOWN_DEFAULT: DEFAULT_TWIN_BUDGET})
-    """Gate weight per token the twins may serve, summed over its MoE layers."""
-    draft: str = "none"
-    """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
-    n-grams guess the next token; the forecaster weighs the guess by its measured hit rate). It feeds the
-    next token's forecast, which a forecaster with the long-range head leaves to the head."""
     batch: int = 1
     """Sequences decoded together: B requests of the trace in lockstep, a finished one replaced by the
     next (docs/DESIGN.md, "Batched decode"); rows then report time per step and tokens/s over all rows."""
@@ -121,18 +169,16 @@ class SimConfig:
     times; `seqmoe.sim.lockstep`)."""
     seed: int = 0
     """Seed of the train/test split and of anything random in a system."""
-    host_memory: str | None = field(default=None, metadata={"metavar": "BYTES"})
-    """Host memory for expert rows, the rest of the experts on disk: a host cache of this many bytes
-    (or a size like 8GiB; rows of --expert-dtype's size) in front of the disk (the hardware profile
-    needs disk_bytes_per_s; batch 1); default: every expert in host memory."""
     host_residency: float | None = None
     """The host cache as a fraction of all experts, in (0, 1], instead of --host-memory."""
     host_policy: str | None = None
     """The host cache's policy: lru or forecast (default: forecast for systems with a predictor, else lru)."""
 
+    DEFAULTS = {"system": DEFAULT_SYSTEM, "residency": DEFAULT_RESIDENCY, "miss": "copy", "hardware": DEFAULT_HARDWARE}
+
     def __post_init__(self) -> None:
-        check_residency(self.residency)
-        check_draft(self.draft)
+        super().__post_init__()
+        system_spec(self.system)
         check_batch(self.batch)
         if self.admission not in ADMISSIONS:
             raise UserError(f"--admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
@@ -145,11 +191,6 @@ class SimConfig:
                                 "batch 1 only")
         if self.memory is not None:
             parse_bytes(self.memory, "--memory")
-        check_precision(self.expert_dtype)
-        system_spec(self.system)
-        check_miss(self.miss)
-        check_routing(self.routing, self.max_kl)
-        check_twin(self.twin, self.twin_budget)
         self.host_rows()
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
@@ -217,70 +258,23 @@ def check_live_system(system: str, *, train: bool, predictor: bool, replay: bool
 
 
 @dataclass(frozen=True, kw_only=True)
-class OffloadConfig:
+class OffloadConfig(ManagerConfig):
     """How a model's routed experts are offloaded: every option of `seqmoe.offload` and of the commands
     that offload (generate, serve, bench-runtime), with their defaults."""
 
-    residency: float | None = None
-    """Fraction of all experts the device pool holds, in (0, 1]: C = floor(residency x L x E) slots
-    (default: what --expert-memory holds; without it, on cuda the experts that fit the free memory,
-    else 0.45)."""
     expert_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
     """Device memory for the expert pool instead of a residency: bytes, or a size like 12GiB or
     512MiB (C = the experts of the store's precision that fit); the residency it gives is reported."""
-    host_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
-    """Host memory for the routed experts, streamed from the checkpoint on disk: a host cache of this
-    many bytes of expert rows in front of the disk (seqmoe.load; generate and serve load that way);
-    default: every expert in host memory."""
-    expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
-    """Precision of the expert store: int8, int4 or fp8 (groups of 64 weights with a float32 scale):
-    every expert is quantized once at offload, and host rows, copies, slots and reads carry the
-    quantized bytes; default: the model's dtype. restore() gives the experts back at this precision
-    (what seqmoe.quantize_experts gives)."""
-    system: str = LIVE_SYSTEM
-    """Memory-management system (see `seqmoe systems`; oracles cannot run live)."""
-    miss: str | None = None
-    """How a missed expert is served: copy (into a slot), in-place (read from host memory), cpu (computed
-    on the host CPU; with thread control on CUDA it needs triton) or auto (chosen per miss from the cost
-    model's link and host CPU); default: auto with inline control, copy with thread control. cpu-all and
-    static-split-style fix their own."""
     control: str | None = None
     """Where the control plane runs: inline (in the router hooks: the host reads each layer's routing) or
     thread (its own thread fed by a routing mailbox: a decode step never waits for the host and can be
     captured as a CUDA graph); the same decisions and counts either way; default: thread on cuda,
     inline on cpu."""
-    routing: str = ROUTINGS[0]
-    """exact, or cache-aware: a missing routed expert may be swapped for a resident one the router scored
-    close to it, within --max-kl (`seqmoe.brain.rerouting`; posted steps on CUDA apply it in a kernel)."""
-    max_kl: float | None = None
-    """Cache-aware routing's budget per token: nats of KL divergence from the router's distribution
-    (0.01-0.02 cost seqmoe-tiny under 0.5% perplexity)."""
-    twin: str | None = field(default=None, metadata={"metavar": "PRECISION"})
-    """Low-bit twin miss path (off by default; inline control): every expert also keeps a twin at this
-    precision (int8, int4 or fp8, smaller than the store) in host memory, and a miss of small gate
-    weight computes from its twin, read over the link, within --twin-budget."""
-    twin_budget: float | None = field(default=None, metadata={SHOWN_DEFAULT: DEFAULT_TWIN_BUDGET})
-    """Gate weight per token the twins may serve, summed over its MoE layers."""
-    draft: str = "none"
-    """Look-ahead from guessed tokens for the seqmoe systems: none, or ngram (the request's own repeated
-    n-grams guess the next token; the forecaster weighs the guess by its hit rate, counted as it goes).
-    It feeds the next token's forecast, which a forecaster with the long-range head leaves to the head."""
     device: str | None = None
     """Device of the pool and the dense layers: cpu, cuda or cuda:N (default: the model's; the commands
     take cuda when available)."""
-    hardware: str | HardwareProfile | None = None
-    """Hardware profile of the cost model (a preset, a .json/.toml file), or measured: the default
-    profile with this machine's link and host CPU measured at start (default: measured when misses may
-    go to the host CPU, whose choice needs this machine's costs, else the default profile)."""
     bandwidth: float | None = None
     """Host->device bytes/s of the cost model (default: the hardware profile's)."""
-    train: str | os.PathLike | object | None = field(default=None, metadata={"metavar": "TRACE"})
-    """Routing trace of this model (start placement, statistics; needed by systems that learn, e.g.
-    affinity-style; without it the pool starts empty): a file, or a RoutingTrace (library)."""
-    predictor: str | os.PathLike | object | None = field(default=None, metadata={"metavar": "DIR"})
-    """Forecaster checkpoint of the seqmoe systems (`seqmoe train`), or a SeqPredictor (library); fed each
-    position's input token id, ignored by the other systems. Without it the forecaster is learned
-    online from the routing served, starting from what this model learned before ($SEQMOE_CACHE)."""
     learn: bool = field(default=True, metadata={CLI: False})
     """A forecaster learned online keeps learning (False: it stays as it starts; benchmarks)."""
     emulate_link: bool = field(default=False, metadata={CLI: False})
@@ -293,28 +287,22 @@ class OffloadConfig:
     """Keep every position's routing for `runtime.trace()`: L x K x 6 bytes and a few small arrays per
     position, so a long-running server turns it off."""
 
+    DEFAULTS = {"system": LIVE_SYSTEM}
+
     def __post_init__(self) -> None:
-        if self.residency is not None:
-            check_residency(self.residency)
+        super().__post_init__()
         if self.expert_memory is not None:
             parse_bytes(self.expert_memory, "expert_memory")
             if self.residency is not None:
                 raise UserError("give a residency or an expert memory budget, not both")
-        check_precision(self.expert_dtype)
-        if self.host_memory is not None:
-            parse_bytes(self.host_memory, "host_memory")
-            if self.twin is not None or self.control == "thread" or self.expert_dtype is not None:
-                raise UserError("experts streamed from disk (host_memory) run with inline control, without twins, "
-                                "at the checkpoint's precision: drop --control thread, --twin and --expert-dtype")
+        if self.host_memory is not None and (self.twin is not None or self.control == "thread"
+                                             or self.expert_dtype is not None):
+            raise UserError("experts streamed from disk (host_memory) run with inline control, without twins, "
+                            "at the checkpoint's precision: drop --control thread, --twin and --expert-dtype")
         check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
                           replay=self.replay is not None)
-        if self.miss is not None:
-            check_miss(self.miss)
         if self.control is not None and self.control not in CONTROLS:
             raise UserError(f"control must be one of: {', '.join(CONTROLS)}; got {self.control!r}")
-        check_routing(self.routing, self.max_kl)
-        check_twin(self.twin, self.twin_budget)
-        check_draft(self.draft)
         if self.twin is not None and self.control == "thread":
             raise UserError("the twin miss path computes a twin from the routing the host reads: it runs with "
                             "control='inline' (--control inline)")

@@ -162,6 +162,6 @@ def cli_server(tmp_path_factory):
 def tokenizer():
     from transformers import AutoTokenizer
 
-    from seqmoe import tiny
+    from seqmoe.arch import tiny
 
     return AutoTokenizer.from_pretrained(tiny.model_dir(), local_files_only=True)

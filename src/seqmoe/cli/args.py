@@ -34,13 +34,13 @@ class Parser(argparse.ArgumentParser):
 
 @functools.cache
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a dataclass, by field name."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
+    """The docstring under each field of a dataclass (its own, or a base class's), by field name."""
     docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):
+        body = ast.parse(inspect.getsource(klass)).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
 
@@ -58,7 +58,8 @@ def add_config_flags(parser, cls, skip: tuple[str, ...] = (), defaults: dict | N
         if f.name in skip or not f.metadata.get(CLI, True):
             continue
         required = f.default is dataclasses.MISSING
-        default = None if required else (defaults or {}).get(f.name, f.default)
+        own = getattr(cls, "DEFAULTS", {}).get(f.name, f.default)  # this context's default of a shared field
+        default = None if required else (defaults or {}).get(f.name, own)
         shown = f.metadata.get(SHOWN_DEFAULT, default)
         suffix = "" if required or shown is None else f" (default: {shown})"
         help = (docs.get(f.name, "") + suffix).replace("%", "%%")  # argparse formats help with %

@@ -23,7 +23,7 @@ def given_forecaster(predictor, L: int, E: int, K: int):
     against L/E/K. `offload` trains none (the commands do: `seqmoe.runtime.load`)."""
     if predictor is None:
         raise UserError("the seqmoe systems need the seq2seq forecaster: pass predictor= (a checkpoint folder of "
-                        "`seqmoe train`; `seqmoe.brain.predict.checkpoints.seq_predictor_for(None, train)` trains one on a "
+                        "`seqmoe train`; `seqmoe.brain.predict.provide.seq_predictor_for(None, train)` trains one on a "
                         "trace and caches it)")
     if isinstance(predictor, (str, os.PathLike)):
         from seqmoe.brain.predict.checkpoints import load_seq_predictor

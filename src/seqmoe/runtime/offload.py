@@ -33,7 +33,7 @@ from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCY, MEASURED, Offload
 from seqmoe.base.errors import UserError
 from seqmoe.costs.host_cost import has_host_path, host_expert_time_s, prompt_costs
 from seqmoe.brain.manager import SystemInputs, build_manager, build_system, capacity_for, start_placement
-from seqmoe.brain.manager.miss_paths import check_twin
+from seqmoe.brain.manager.miss_paths import check_twin, miss_rule
 from seqmoe.brain.manager.placement import capacity_for_bytes
 from seqmoe.brain.manager.systems import system_spec
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
@@ -251,7 +251,7 @@ def _capacity(cfg: OffloadConfig, model, originals, device: torch.device, expert
 
 def _on_host_cpu(system) -> bool:
     """`system` may compute experts on the host CPU."""
-    return system.miss in ("cpu", "auto") or system.host_only
+    return miss_rule(system.miss).may_use_host_cpu or system.host_only
 
 
 def _measured(hw: HardwareProfile, model, plan: _Plan, hosts, host: HostExecutor | None) -> HardwareProfile:

@@ -6,7 +6,7 @@
     admission.close()                                                 # hooks off
 
 `fifo` (the default) admits the oldest request. `overlap` (ExpertFlow's cache-aware routing read for
-batches, the simulator's rule of `seqmoe.sim.lockstep`, same names and bounds): among the first
+batches, the simulator's rule of `seqmoe.sim.lockstep`, same names and bounds: `seqmoe.brain.admission`): among the first
 `CANDIDATES` waiting, the request whose forecast routing shares the most (layer, expert) pairs with
 the running rows' latest routing plus the experts resident in the pool; ties and an empty batch go
 FIFO, and the head of the queue is passed over at most `MAX_SKIPS` times in a row (the fairness bound).
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from seqmoe.base.errors import UserError
-from seqmoe.sim.lockstep import ADMISSIONS, CANDIDATES, MAX_SKIPS
+from seqmoe.brain.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS
 
 __all__ = ["ADMISSIONS", "CANDIDATES", "MAX_SKIPS", "Admission", "overlap_choice"]
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seqmoe.brain.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS
 from seqmoe.trace.schema import RoutingTrace
 
 
@@ -53,15 +54,6 @@ class Lockstep:
                 out[s, l, :len(d)] = d
                 out[s, l, len(d):] = d[-1]
         return out
-
-
-ADMISSIONS = ("fifo", "overlap")
-"""Who takes a free lane: the next request in file order, or the one whose routing overlaps most
-with the running batch's (`lockstep`)."""
-CANDIDATES = 16
-"""Requests at the head of the queue the overlap rule chooses among."""
-MAX_SKIPS = 4
-"""Times in a row the head of the queue may be passed over (the fairness bound of `overlap`)."""
 
 
 def lockstep(trace: RoutingTrace, batch: int, admission: str = "fifo", max_skips: int = MAX_SKIPS) -> Lockstep:

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.miss_paths import miss_rule
 from seqmoe.costs.host_cost import has_host_path, host_expert_bytes_per_s, host_flops_per_s
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, copy_time_s
 
@@ -142,9 +143,8 @@ def prompt_rows(ids: np.ndarray, num_experts: int) -> np.ndarray:
 def prefill_time(rows: np.ndarray, resident: np.ndarray, costs: PrefillCosts, miss: str, positions: int) -> PrefillTime:
     """The forward of a prompt of `positions` positions whose routing is `rows` ([L, E] positions per
     expert) from a pool holding `resident` ([L, E] bool), its missing experts served by `miss`."""
-    if miss not in ("copy", "in-place", "cpu", "auto"):
-        raise UserError(f"unknown miss path {miss!r} for a prompt: copy, in-place, cpu or auto")
-    if miss == "cpu" and not costs.has_host:
+    rule = miss_rule(miss)
+    if rule.always_host_cpu and not costs.has_host:
         raise UserError("the cpu miss path needs a host CPU in the hardware profile (host_cores, host_memory_bytes_per_s)")
     total, transfers, on_host = 0.0, 0, 0
     for l in range(rows.shape[0]):
@@ -152,9 +152,9 @@ def prefill_time(rows: np.ndarray, resident: np.ndarray, costs: PrefillCosts, mi
         res = used & resident[l]
         m = np.sort(rows[l][used & ~resident[l]])  # the missing experts' rows, fewest first
         M, dev_n, dev_rows = len(m), int(res.sum()), int(rows[l][res].sum())
-        if miss == "cpu":
+        if rule.always_host_cpu:
             j = M
-        elif miss == "auto" and costs.has_host and M:
+        elif rule.path is None and costs.has_host and M:  # chosen per miss
             host_cum = np.concatenate(([0.0], np.cumsum(costs.host_s(m))))  # [M + 1] host time of the j fewest
             moved_rows = np.concatenate(([0], np.cumsum(m[::-1])))[::-1]  # [M + 1] rows of the other M - j
             moved = np.arange(M, -1, -1)

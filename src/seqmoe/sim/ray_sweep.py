@@ -26,7 +26,8 @@ from collections.abc import Callable
 from seqmoe.config import SimConfig
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.systems import system_spec
-from seqmoe.brain.predict.checkpoints import load_seq_predictor, seq_predictor_for
+from seqmoe.brain.predict.checkpoints import load_seq_predictor
+from seqmoe.brain.predict.provide import seq_predictor_for
 from seqmoe.sim.run import Workload, error_row, load_workload, run_or_error, with_hardware
 
 MAX_RETRIES = 3

@@ -26,7 +26,7 @@ from seqmoe.brain.manager.miss_paths import check_twin
 from seqmoe.brain.manager.placement import capacity_for_bytes
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.brain.manager.systems import system_spec
-from seqmoe.brain.predict.checkpoints import seq_predictor_for
+from seqmoe.brain.predict.provide import seq_predictor_for
 from seqmoe.brain.predict.online import OnlineForecaster, cold_prior, online_forecaster
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate

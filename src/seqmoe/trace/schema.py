@@ -203,3 +203,12 @@ def placeholder_trace(L: int, E: int, K: int, name: str) -> RoutingTrace:
     ids = np.broadcast_to(np.arange(K, dtype=np.int16), (1, L, K)).copy()
     return RoutingTrace(expert_ids=ids, request_offsets=np.array([0, 1], np.int64),
                         meta=TraceMeta(model=name, num_experts=E, source="placeholder"))
+
+
+def snapshot_trace(ids: np.ndarray, starts: np.ndarray, num_experts: int) -> RoutingTrace:
+    """A snapshot's routing ([T, L, K] ids, [T] request starts) as a trace (its first token opens a request)."""
+    starts = starts.copy()
+    starts[0] = True
+    offsets = np.append(np.flatnonzero(starts), len(starts)).astype(np.int64)
+    return RoutingTrace(expert_ids=np.ascontiguousarray(ids, dtype=np.int16), request_offsets=offsets,
+                        meta=TraceMeta(model="online", num_experts=num_experts, source="online snapshot"))

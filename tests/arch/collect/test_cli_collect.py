@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from seqmoe import model_dirs
+from seqmoe.arch import model_dirs
 from seqmoe.cli import main
 from seqmoe.trace.io import load_trace
 from tests.arch.collect.tiny_models import save_tiny_checkpoint, tiny_tokenizer

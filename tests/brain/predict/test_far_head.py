@@ -8,7 +8,8 @@ import pytest
 pytest.importorskip("torch")
 
 from seqmoe.brain.policies.forecast import ForecastPolicy  # noqa: E402
-from seqmoe.brain.predict.checkpoints import load_seq_predictor, save_checkpoint, seq_predictor_for  # noqa: E402
+from seqmoe.brain.predict.checkpoints import load_seq_predictor, save_checkpoint  # noqa: E402
+from seqmoe.brain.predict.provide import seq_predictor_for  # noqa: E402
 from seqmoe.brain.predict.far_head import RHO, fit_far_head, gru_states, tokens_to_next_use  # noqa: E402
 from seqmoe.brain.predict.seqmodel import SeqConfig, SeqPredictor  # noqa: E402
 from tests.conftest import make_trace  # noqa: E402

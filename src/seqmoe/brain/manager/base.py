@@ -13,7 +13,7 @@ from seqmoe.brain.policies.base import EvictionPolicy
 from seqmoe.base.errors import UserError
 from seqmoe.costs.host_cost import host_expert_time_s
 from seqmoe.brain.manager.channel import HostLane
-from seqmoe.brain.manager.miss_paths import Twin, check_miss
+from seqmoe.brain.manager.miss_paths import MissPath, Twin, miss_rule
 from seqmoe.brain.manager.placement import check_capacity
 from seqmoe.brain.predict.base import Predictor
 from seqmoe.brain.predict.lanes import LanePredictors
@@ -54,9 +54,9 @@ class PoolObserver(Protocol):
     def on_evict(self, uid: int) -> None:
         """`uid` lost its slot (evicted, or its queued prefetch cancelled)."""
 
-    def on_off_pool(self, uid: int, path: str) -> None:
-        """The current layer's `uid` is served without a slot, by `path`: "cpu" (computed on the host
-        CPU), "in-place" (read from its host row) or "twin" (its low-bit twin read from host memory)."""
+    def on_off_pool(self, uid: int, path: MissPath) -> None:
+        """The current layer's `uid` is served without a slot, by `path` (one of `miss_paths.OFF_POOL`):
+        computed on the host CPU, read from its host row, or its low-bit twin read from host memory."""
 
 
 class ManagerBase:
@@ -86,9 +86,9 @@ class ManagerBase:
         self.token_s = token_overhead_s(model, hardware)
         self.layer_s = self.non_expert_s + self.top_k * self.per_expert_s
         self.copy_time_s = copy_time_s(model, hardware)
-        self.miss, self.host_only = check_miss(getattr(system, "miss", "copy")), getattr(system, "host_only", False)
+        self.miss, self.host_only = miss_rule(getattr(system, "miss", "copy")), getattr(system, "host_only", False)
         self.host_expert_s = host_expert_time_s(model, hardware)
-        if self.host_expert_s is None and (self.miss == "cpu" or self.host_only):
+        if self.host_expert_s is None and (self.miss.always_host_cpu or self.host_only):
             raise UserError(f"system {system.name!r} computes experts on the host CPU, but hardware profile "
                             f"{hardware.name!r} describes no host: give host_cores and host_memory_bytes_per_s")
         self.lane = HostLane(self.host_expert_s) if self.host_expert_s is not None else None

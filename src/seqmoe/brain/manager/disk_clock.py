@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from seqmoe.brain.manager.host_tier import HostTier, host_rows_for
+from seqmoe.brain.manager.miss_paths import MissPath
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, copy_time_s, disk_read_s
@@ -208,13 +209,13 @@ class DiskObserver:
         if self.inner is not None:
             self.inner.on_evict(uid)
 
-    def on_off_pool(self, uid: int, path: str) -> None:
+    def on_off_pool(self, uid: int, path: MissPath) -> None:
         clock = self.clock
-        if path == "cpu":  # overlaps the device's experts: it bounds the layer's end, not its start
+        if path.on_host_cpu:  # overlaps the device's experts: it bounds the layer's end, not its start
             end = clock.need(uid, clock.host_s, starts_layer=False)
             clock.on_host.add(uid)
             clock.host_floor = max(clock.host_floor, end)
-        elif path == "twin":
+        elif path.twin:
             raise UserError("the twin miss path reads low-bit twins from host memory, which a disk tier does not hold")
         else:
             clock.need(uid, clock.copy_s)

@@ -35,15 +35,72 @@ import numpy as np
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import PRECISIONS
 
-MISS_PATHS = ("copy", "in-place", "cpu", "auto")
-"""How misses are served: always copied, always read in place, always on the host CPU, or chosen per miss."""
+@dataclass(frozen=True)
+class MissPath:
+    """One way a miss is served: what the manager, the clocks and the runtime's engines ask of it.
+    The only place a path's name is read is this module; elsewhere code asks these fields."""
+
+    name: str
+    code: int
+    """Its kind in the compiled manager (`compiled.layout`), unique over paths and rules."""
+    takes_slot: bool
+    """Copied into a slot (evicting a victim), so later uses hit."""
+    on_host_cpu: bool
+    """Computed by the host CPU next to its host row (only activations cross the link)."""
+    twin: bool = False
+    """Its low-bit twin is read over the link instead of the expert."""
+
+
+COPY = MissPath("copy", 0, takes_slot=True, on_host_cpu=False)
+IN_PLACE = MissPath("in-place", 1, takes_slot=False, on_host_cpu=False)
+CPU = MissPath("cpu", 2, takes_slot=False, on_host_cpu=True)
+CPU_COPY = MissPath("cpu+copy", 4, takes_slot=True, on_host_cpu=True)
+"""On the host CPU now, and copied into a slot behind (a prefetch due at its layer of the next token)."""
+TWIN = MissPath("twin", 5, takes_slot=False, on_host_cpu=False, twin=True)
+OFF_POOL = (IN_PLACE, CPU, TWIN)
+"""The paths that serve a miss without a slot (`PoolObserver.on_off_pool`), by their index in the
+compiled manager's events."""
+
+
+@dataclass(frozen=True)
+class MissRule:
+    """How a system serves its misses (the `miss` option): always one path, or chosen per miss."""
+
+    name: str
+    code: int
+    """Its kind in the compiled manager (`compiled.layout`)."""
+    path: MissPath | None
+    """The path every miss takes; None: chosen per miss (`auto_path`)."""
+
+    @property
+    def may_use_host_cpu(self) -> bool:
+        """Some misses may be computed on the host CPU (which needs its cost, and a host executor)."""
+        return self.path is None or self.path.on_host_cpu
+
+    @property
+    def always_host_cpu(self) -> bool:
+        """Every miss is computed on the host CPU (the hardware profile must describe a host)."""
+        return self.path is not None and self.path.on_host_cpu
+
+
+MISS_RULES = {r.name: r for r in (MissRule("copy", COPY.code, COPY), MissRule("in-place", IN_PLACE.code, IN_PLACE),
+                                  MissRule("cpu", CPU.code, CPU), MissRule("auto", 3, None))}
+"""The miss rules by the name an option gives."""
+MISS_PATHS = tuple(MISS_RULES)
+"""How misses may be served: always copied, always read in place, always on the host CPU, or chosen per miss."""
 
 
 def check_miss(miss: str) -> str:
-    """`miss` when it names a miss path; UserError listing them otherwise."""
-    if miss not in MISS_PATHS:
-        raise UserError(f"unknown miss path {miss!r}; choose one of: {', '.join(MISS_PATHS)}")
+    """`miss` when it names a miss rule; UserError listing them otherwise."""
+    miss_rule(miss)
     return miss
+
+
+def miss_rule(miss: str) -> MissRule:
+    """The miss rule named `miss`; UserError listing them for another name."""
+    if miss not in MISS_RULES:
+        raise UserError(f"unknown miss path {miss!r}; choose one of: {', '.join(MISS_PATHS)}")
+    return MISS_RULES[miss]
 
 
 DEFAULT_TWIN_BUDGET = 0.5
@@ -90,7 +147,7 @@ def pick_twins(missing: np.ndarray, weights: np.ndarray, left: float) -> np.ndar
 def twin_waits_for_cpu(m, now: float) -> bool:
     """Memory manager `m` (its `miss` cpu or auto) would have the host CPU finish an expert handed
     over at `now` before a twin read queued now ends on the link."""
-    return m.miss in ("cpu", "auto") and m.lane is not None and m.lane.next_end(now) < m.engine.next_demand_end(now, True)
+    return m.miss.may_use_host_cpu and m.lane is not None and m.lane.next_end(now) < m.engine.next_demand_end(now, True)
 
 
 def paths_bound_time_s(*, full_load_time_s: float, activations: int, per_expert_s: float, copy_time_s: float,
@@ -106,20 +163,19 @@ def paths_bound_time_s(*, full_load_time_s: float, activations: int, per_expert_
     return float(terms.min())
 
 
-def auto_path(m, uid: int, now: float) -> tuple[str, int | None]:
-    """How memory manager `m` serves the miss of `uid` at `now` (its `miss` mode; for `auto` the rule
-    of the module docstring), and the victim a copy displaces (None: the policy picks, or no copy).
-    Paths: those of `MISS_PATHS`, and `cpu+copy`: computed on the CPU now while a copy into a slot
-    runs in the background (a prefetch due at the next token), when the expert is worth its slot."""
-    if m.miss != "auto":
-        return m.miss, None
+def auto_path(m, uid: int, now: float) -> tuple[MissPath, int | None]:
+    """How memory manager `m` serves the miss of `uid` at `now` (its miss rule's path; for `auto` the
+    rule of the module docstring), and the victim a copy displaces (None: the policy picks, or no
+    copy). `auto` may also take `CPU_COPY`, when the expert is worth its slot."""
+    if m.miss.path is not None:
+        return m.miss.path, None
     link = m.engine.next_demand_end(now)
     on_cpu = m.lane is not None and m.lane.next_end(now) < link
     worth, victim = _worth_a_slot(m, uid)
     if on_cpu:
         idle = m.engine.backlog_end(now) <= now
-        return ("cpu+copy", victim) if worth and idle else ("cpu", None)
-    return ("copy", victim) if worth else ("in-place", None)
+        return (CPU_COPY, victim) if worth and idle else (CPU, None)
+    return (COPY, victim) if worth else (IN_PLACE, None)
 
 
 def _worth_a_slot(m, uid: int) -> tuple[bool, int | None]:

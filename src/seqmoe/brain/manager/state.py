@@ -23,7 +23,7 @@ import numpy as np
 from seqmoe.brain.manager.base import PACE_WEIGHT, ManagerBase, PoolObserver, System
 from seqmoe.brain.manager.counts import SimCounts
 from seqmoe.brain.manager.channel import CopyEngine, in_place_key, twin_key
-from seqmoe.brain.manager.miss_paths import auto_path, pick_twins, twin_waits_for_cpu
+from seqmoe.brain.manager.miss_paths import CPU, IN_PLACE, TWIN, auto_path, pick_twins, twin_waits_for_cpu
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile
 
 class MemoryManager(ManagerBase):
@@ -62,7 +62,7 @@ class MemoryManager(ManagerBase):
         waiting.append(key)
         self.c.in_place += activations
         if self.observer is not None:
-            self.observer.on_off_pool(uid, "in-place")
+            self.observer.on_off_pool(uid, IN_PLACE)
         note_use = getattr(self.system.policy, "note_use", None)
         if note_use is not None:
             note_use(uid, step)
@@ -73,7 +73,7 @@ class MemoryManager(ManagerBase):
         self.host_served += 1
         self.c.host += activations
         if self.observer is not None:
-            self.observer.on_off_pool(uid, "cpu")
+            self.observer.on_off_pool(uid, CPU)
 
     @property
     def copies(self) -> int:
@@ -266,22 +266,20 @@ class MemoryManager(ManagerBase):
                 engine.demand(key, reveal)
                 waiting.append(key)
                 if self.observer is not None:
-                    self.observer.on_off_pool(uid, "twin")
+                    self.observer.on_off_pool(uid, TWIN)
                 if note_use is not None:
                     note_use(uid, step)
                 continue
-            path, victim = ("copy", None) if self.miss == "copy" else auto_path(self, uid, reveal)
-            if path != "copy":
-                if path == "cpu+copy":
-                    self._on_host(uid, reveal, m)
+            path, victim = auto_path(self, uid, reveal)
+            if path.on_host_cpu:
+                self._on_host(uid, reveal, m)
+                if path.takes_slot:  # copied in behind: the policy hears of the use when the copy lands
                     self.prefetch(uid, step + self.num_layers, victim)
-                    continue  # the policy hears of the use when the copy lands (`insert` now, `access` then)
-                if path == "cpu":
-                    self._on_host(uid, reveal, m)
-                    if note_use is not None:
-                        note_use(uid, step)
-                else:
-                    self._read_in_place(uid, m, step, reveal, waiting)
+                elif note_use is not None:
+                    note_use(uid, step)
+                continue
+            if not path.takes_slot:
+                self._read_in_place(uid, m, step, reveal, waiting)
                 continue
             if not (self._make_room(uid, victim) or self._reclaim_prefetch(needed)
                     or self._await_running(uid, needed, added)):

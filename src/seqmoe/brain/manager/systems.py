@@ -51,7 +51,7 @@ class SystemInputs:
     start: tuple[int, ...]
     """The start placement every system shares."""
     predictor: object | None = None
-    """The seqmoe systems' forecaster: a trained `SeqPredictor` (`seqmoe.brain.predict.checkpoints.seq_predictor_for`)
+    """The seqmoe systems' forecaster: a trained `SeqPredictor` (`seqmoe.brain.predict.provide.seq_predictor_for`)
     or an `OnlineForecaster` (`seqmoe.brain.predict.online`)."""
     prior: tuple | None = None
     """Online: the seqmoe systems' prior beyond the forecast, (use rates [L * E], `ReuseTable` or None),

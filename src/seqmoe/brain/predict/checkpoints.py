@@ -1,12 +1,11 @@
-"""Save and load the seq2seq forecaster; find or train the one a replay needs, and find the one a
-model learned online.
+"""Save and load the seq2seq forecaster, and find the one a model learned online.
 
-    predictor = seq_predictor_for(cfg.predictor, train)   # a checkpoint dir, or None: train (cached)
+    save_checkpoint(out, config, weights, info); load_seq_predictor(out)
     weights, info = load_online(online_dir(key), config) or (None, {})
 
-Without a checkpoint the forecaster is trained on the training trace once and kept under
-`$SEQMOE_CACHE` (default `~/.cache/seqmoe`), keyed by a fingerprint of that trace. A forecaster
-learned online (`seqmoe.brain.predict.online`) is kept there too, keyed by the model's identity.
+Forecasters trained for a replay (`provide.seq_predictor_for`) are kept under `$SEQMOE_CACHE`
+(default `~/.cache/seqmoe`), keyed by a fingerprint of their training trace. A forecaster learned
+online (`seqmoe.brain.predict.online`) is kept there too, keyed by the model's identity.
 """
 
 from __future__ import annotations
@@ -14,13 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 import warnings
 from pathlib import Path
 
 import numpy as np
 
-from seqmoe.base.errors import UserError
 from seqmoe.brain.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace
 
@@ -95,32 +92,6 @@ def trace_fingerprint(trace: RoutingTrace) -> str:
 
 def cache_dir() -> Path:
     return Path(os.environ.get("SEQMOE_CACHE", Path.home() / ".cache" / "seqmoe"))
-
-
-def seq_predictor_for(path: str | None, train: RoutingTrace, *, progress: bool = False) -> SeqPredictor:
-    """Load the checkpoint at `path`, or the cached one trained on `train`, training it if absent."""
-    if path is not None:
-        return load_seq_predictor(path)
-    out = cache_dir() / "predictors" / trace_fingerprint(train)
-    if not (out / "model.safetensors").is_file():
-        try:
-            from seqmoe.brain.predict.train import train_seq_predictor
-        except ImportError:
-            raise UserError("training a forecaster needs torch (pip install 'seqmoe[train]'); "
-                            "or pass --predictor DIR") from None
-        print(f"seqmoe: no --predictor given; training one on the training trace into {out} "
-              "(once, up to 15 minutes)", file=sys.stderr)
-        train_seq_predictor(train, out, progress=progress)
-    pred = load_seq_predictor(out)
-    if not pred.config.far_head:  # cached before the long-range head existed: fit it once
-        try:
-            from seqmoe.brain.predict.train import with_far_head
-        except ImportError:  # no torch: the forecaster as it is
-            return pred
-        print(f"seqmoe: fitting the long-range head of the cached forecaster in {out} (once)", file=sys.stderr)
-        save_checkpoint(out, *with_far_head(pred.config, pred.w, train), pred.info)
-        pred = load_seq_predictor(out)
-    return pred
 
 
 def online_dir(model_key: str) -> Path:

@@ -31,7 +31,7 @@ from seqmoe.brain.policies.reuse import ReuseTable
 from seqmoe.brain.predict.base import Forecast
 from seqmoe.brain.predict.buckets import bucket_of, bucket_table
 from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor
-from seqmoe.trace.schema import RoutingTrace, TraceMeta, check_dims
+from seqmoe.trace.schema import RoutingTrace, check_dims, snapshot_trace
 
 ONLINE_DIMS = {"hash_buckets": 4096, "embed_dim": 128, "hidden_dim": 128, "query_dim": 128}
 """The online forecaster's widths: half the offline one's, so a round trains in about a second."""
@@ -68,15 +68,6 @@ def cold_prior(num_layers: int, num_experts: int, top_k: int,
     rho = np.exp(-0.5)  # one token's discount at the policy's default tau = 2 L
     values = rho ** (2.0 ** np.arange(16))[None, :]
     return use_rate, ReuseTable(values, np.zeros(num_layers * num_experts, dtype=np.int64))
-
-
-def snapshot_trace(ids: np.ndarray, starts: np.ndarray, num_experts: int) -> RoutingTrace:
-    """A snapshot's routing ([T, L, K] ids, [T] request starts) as a trace (its first token opens a request)."""
-    starts = starts.copy()
-    starts[0] = True
-    offsets = np.append(np.flatnonzero(starts), len(starts)).astype(np.int64)
-    return RoutingTrace(expert_ids=np.ascontiguousarray(ids, dtype=np.int16), request_offsets=offsets,
-                        meta=TraceMeta(model="online", num_experts=num_experts, source="online snapshot"))
 
 
 def fit_prior(ids: np.ndarray, starts: np.ndarray, num_experts: int) -> tuple[np.ndarray, ReuseTable]:

@@ -33,7 +33,7 @@ from seqmoe.brain.predict.buckets import trace_buckets
 from seqmoe.brain.predict.checkpoints import load_seq_predictor, save_checkpoint
 from seqmoe.brain.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
 from seqmoe.brain.predict.seqnet import SeqNet
-from seqmoe.trace.schema import RoutingTrace
+from seqmoe.trace.schema import RoutingTrace, snapshot_trace
 
 __all__ = ["load_seq_predictor", "train_seq_predictor"]
 
@@ -365,7 +365,6 @@ class OnlineTrainer:
     def round(self, ids: np.ndarray, buckets: np.ndarray, starts: np.ndarray) -> dict[str, np.ndarray]:
         """Train on one snapshot (`ids` [T, L, K], token `buckets` [T], `starts` [T]: a request opens);
         the weights after it (`SeqNet.export`)."""
-        from seqmoe.brain.predict.online import snapshot_trace
 
         trace = snapshot_trace(ids, starts, self.net.cfg.num_experts)
         streams = make_streams(trace, np.asarray(buckets, dtype=np.int64), np.arange(trace.num_requests),

@@ -54,6 +54,7 @@ import torch
 
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager import Driver, System
+from seqmoe.brain.manager.miss_paths import MissPath
 from seqmoe.runtime.core.copier import CopyWorker
 from seqmoe.runtime.core.pool import ExpertPool
 from seqmoe.runtime.core.signals import critical
@@ -150,10 +151,10 @@ class Controller(PostedSteps):
     def on_evict(self, uid: int) -> None:
         self.pool.release(uid)
 
-    def on_off_pool(self, uid: int, path: str) -> None:
-        if path == "cpu":  # an in-place read needs nothing here: a row without a slot is read from its host block
+    def on_off_pool(self, uid: int, path: MissPath) -> None:
+        if path.on_host_cpu:  # an in-place read needs nothing here: a row without a slot is read from its host block
             self._on_host.add(uid)
-        elif path == "twin":
+        elif path.twin:
             self._twins.add(uid)
 
     def off_pool_experts(self, layer: int) -> tuple[frozenset[int], frozenset[int]]:

@@ -16,6 +16,7 @@ import torch
 from seqmoe.runtime.disk.host_cache import HostCache
 from seqmoe.brain.manager.disk_clock import DiskClock
 from seqmoe.brain.manager.host_tier import HostTier, host_policy, host_rows_for
+from seqmoe.brain.manager.miss_paths import MissPath
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.costs.profiles import disk_read_s
@@ -103,7 +104,7 @@ class _CacheObserver:
     def on_evict(self, uid: int) -> None:
         self.inner.on_evict(uid)
 
-    def on_off_pool(self, uid: int, path: str) -> None:
-        if path in ("cpu", "in-place"):
+    def on_off_pool(self, uid: int, path: MissPath) -> None:
+        if not path.twin:  # computed on the host CPU or read in place: its host row must be read first
             self.cache.prefetch(uid)
         self.inner.on_off_pool(uid, path)

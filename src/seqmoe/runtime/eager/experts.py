@@ -52,14 +52,14 @@ def _prompt_host(x, index: torch.Tensor) -> tuple[frozenset[int], float | None]:
     the host) all, with auto the fewest-rows share `PromptCosts.on_host` gives it; the others are
     read over the link. None for a decode step (the manager chose its paths) or without a cost model."""
     costs, fwd, manager = x.host.prompt, x.control._forward, x.control.state
-    if costs is None or fwd is None or len(fwd[2][0]) < 2 or not (manager.miss in ("cpu", "auto") or manager.host_only):
+    if costs is None or fwd is None or len(fwd[2][0]) < 2 or not (manager.miss.may_use_host_cpu or manager.host_only):
         return frozenset(), None
     rows = np.bincount(index.reshape(-1).cpu().numpy(), minlength=x.num_experts)
     if len(rows) > x.num_experts:
         raise UserError(f"expert index {len(rows) - 1} >= {x.num_experts}: expert parallelism is not supported")
     missing = np.flatnonzero((rows > 0) & (x.pool.table_host[x.layer] < 0))
     missing = missing[np.argsort(rows[missing], kind="stable")]  # fewest rows first
-    j = len(missing) if manager.miss == "cpu" or manager.host_only else costs.on_host(rows[missing])
+    j = len(missing) if manager.miss.always_host_cpu or manager.host_only else costs.on_host(rows[missing])
     c = x.counts
     c.prompt_calls, c.prompt_host, c.prompt_link = c.prompt_calls + 1, c.prompt_host + j, c.prompt_link + len(missing) - j
     host = missing[:j]

@@ -9,7 +9,7 @@ observer (the runtime's data plane) go to `EV` (int64 [cap, 3]: kind, uid, deadl
 
 from __future__ import annotations
 
-from seqmoe.brain.manager.miss_paths import MISS_PATHS
+from seqmoe.brain.manager.miss_paths import CPU_COPY, MISS_RULES, TWIN
 
 # -- per-uid int fields (rows of I) ---------------------------------------------------------------
 PRESENT = 0  # resident, or its copy issued
@@ -92,8 +92,8 @@ NG = 21
 POLICY_LRU, POLICY_FORECAST, POLICY_FORECAST_LRU_VICTIMS = 0, 1, 2
 PREFETCH_NONE, PREFETCH_DEADLINE = 0, 1
 EV_DEMAND, EV_PREFETCH, EV_PROMOTE, EV_EVICT, EV_OFF_POOL = 1, 2, 3, 4, 5  # EV_OFF_POOL: deadline field an OFF_POOL index
-OFF_POOL = ("in-place", "cpu", "twin")
-"""The paths of an EV_OFF_POOL event, by the index in its deadline field."""
-MISS_COPY, MISS_IN_PLACE, MISS_CPU, MISS_AUTO = (MISS_PATHS.index(p) for p in ("copy", "in-place", "cpu", "auto"))
-PATH_CPU_COPY = len(MISS_PATHS)  # on the host now, and copied into a slot behind (`seqmoe.brain.manager.miss_paths.auto_path`)
-PATH_TWIN = len(MISS_PATHS) + 1  # its low-bit twin read (`seqmoe.brain.manager.miss_paths.Twin`)
+# The miss rules' and paths' codes, from their registry (`seqmoe.brain.manager.miss_paths`); an EV_OFF_POOL
+# event's deadline field holds the path's index in `miss_paths.OFF_POOL`.
+MISS_COPY, MISS_IN_PLACE, MISS_CPU, MISS_AUTO = (MISS_RULES[name].code for name in MISS_RULES)
+PATH_CPU_COPY = CPU_COPY.code  # on the host now, and copied into a slot behind
+PATH_TWIN = TWIN.code  # its low-bit twin read

@@ -18,12 +18,12 @@ from seqmoe.brain.manager.compiled.layout import (
     MARGIN, MAX_HARM, MAX_JOBS, MAX_TRIES, MEMO_STEP, MIN_PROB, MISS, MISSES, NEV, NF, NG, NI, NS, NUM_COUNT_CLASSES,
     NUM_GAP_CLASSES, NUM_PRESENT, PACE, PACE_WEIGHT, PENDING, PF_QUEUED, POLICY, POLICY_FORECAST,
     POLICY_FORECAST_LRU_VICTIMS, POLICY_LRU, PREFETCHER, PREFETCHES, PREFETCH_DEADLINE, PREFETCH_NONE, PRESENT, QSEQ,
-    OFF_POOL, PREV_GAP, PRIOR_END, NDIRTY, READS, READY, RECENT, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, TWINS,
+    PREV_GAP, PRIOR_END, NDIRTY, READS, READY, RECENT, RES, RES_AT, STALL, STARTED, STEP, TOKEN_S, TWINS,
     TWIN_LEFT, TWIN_READS, TWIN_S, TWIN_W, UCLASS, UROW, VERSION, WASTED,
 )
 from seqmoe.brain.manager.compiled.warm import warm_up
 from seqmoe.brain.manager.counts import SimCounts
-from seqmoe.brain.manager.miss_paths import MISS_PATHS
+from seqmoe.brain.manager.miss_paths import OFF_POOL
 from seqmoe.brain.manager.base import PACE_WEIGHT as PACE_W
 from seqmoe.brain.manager.base import ManagerBase
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher, price_of_copy
@@ -67,7 +67,7 @@ class CompiledManager(ManagerBase):
         super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
         if not compilable(system):
             raise ValueError(f"system {system.name!r} cannot run compiled; use MemoryManager")
-        warm_up()  # load the kernels now, not inside the first decisions' time
+        warm_up(type(self))  # load the kernels now, not inside the first decisions' time
         L, E, K = self.num_layers, self.num_experts, self.top_k
         n = L * E
         self.I = np.zeros((NI, n), np.int64)
@@ -90,7 +90,7 @@ class CompiledManager(ManagerBase):
         F[DONE_AT] = np.nan
         G[COPY_S], G[LAYER_S], G[TOKEN_S], G[PACE], G[PACE_WEIGHT] = (self.copy_time_s, self.layer_s, self.token_s,
                                                                        self.layer_s, PACE_W)
-        S[MISS] = MISS_PATHS.index(self.miss)  # the MISS_* kinds of `layout`
+        S[MISS] = self.miss.code  # the MISS_* kinds of `layout`
         G[HOST_S] = np.inf if self.host_expert_s is None else self.host_expert_s
         G[TWIN_S] = self.twin_time_s or 0.0
         self.TAB = np.zeros((0, 0), np.float64)

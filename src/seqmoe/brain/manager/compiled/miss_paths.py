@@ -11,14 +11,15 @@ import seqmoe.brain.manager.compiled.ops as ops
 from seqmoe.brain.manager.compiled.forecast import keep_values
 from seqmoe.brain.manager.compiled.layout import (
     CAP, EV_OFF_POOL, HOST, HOST_END, HOST_S, HOST_SERVED, IN_PLACE, LANE_FREE, MISS, MISS_AUTO, MISS_COPY, MISS_CPU,
-    MISS_IN_PLACE, NUM_PRESENT, OFF_POOL, PATH_CPU_COPY, PATH_TWIN, POLICY, POLICY_LRU, PRESENT, TWIN_LEFT, TWIN_W,
+    MISS_IN_PLACE, NUM_PRESENT, PATH_CPU_COPY, PATH_TWIN, POLICY, POLICY_LRU, PRESENT, TWIN_LEFT, TWIN_W,
     TWINS,
 )
 from seqmoe.brain.manager.compiled.policies import policy_victim
+import seqmoe.brain.manager.miss_paths as paths
 from seqmoe.brain.manager.compiled.recency import policy_access
 
 jit = nb.njit(cache=True)
-OFF_IN_PLACE, OFF_CPU, OFF_TWIN = (OFF_POOL.index(p) for p in ("in-place", "cpu", "twin"))
+OFF_IN_PLACE, OFF_CPU, OFF_TWIN = (paths.OFF_POOL.index(p) for p in (paths.IN_PLACE, paths.CPU, paths.TWIN))
 
 
 @jit

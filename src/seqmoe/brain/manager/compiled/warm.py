@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from seqmoe.brain.manager.base import System
+from seqmoe.brain.manager.driver import Driver
 from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.policies.lru import LRUPolicy
 from seqmoe.brain.predict.base import Forecast
@@ -42,15 +44,12 @@ class _Steady:
 _done = [False]
 
 
-def warm_up() -> None:
-    """Call every kernel a compiled manager calls, once per process (the managers built here come
-    back to this call and return at once)."""
+def warm_up(manager_cls) -> None:
+    """Call every kernel a compiled manager (of class `manager_cls`) calls, once per process (the
+    managers built here come back to this call and return at once)."""
     if _done[0]:
         return
     _done[0] = True
-    from seqmoe.brain.manager.driver import Driver
-    from seqmoe.brain.manager.compiled.manager import CompiledManager
-    from seqmoe.brain.manager.base import System
 
     model = ModelProfile(name="warm-up", num_layers=_L, num_experts=_E, top_k=_K, expert_bytes=1 << 20)
     hw = HardwareProfile(name="warm-up", h2d_bytes_per_s=1e9, hbm_bytes_per_s=1e12, device_memory_bytes=1 << 30)
@@ -58,7 +57,7 @@ def warm_up() -> None:
     systems = (System("lru", LRUPolicy()), System("forecast", policy, _Steady(), DeadlinePrefetcher(policy)))
     ids = np.array([[0, 1], [2, 3]], dtype=np.int16)
     for system in systems:
-        driver = Driver(CompiledManager(system, model=model, hardware=hw, capacity=_K + 1, start=[0]))
+        driver = Driver(manager_cls(system, model=model, hardware=hw, capacity=_K + 1, start=[0]))
         for t in range(2):
             driver.token_start(None, t == 0)
             for layer in range(_L):
