@@ -239,6 +239,13 @@ def check_batch(batch: int) -> None:
         raise UserError(f"--batch must be a whole number of sequences, at least 1; got {batch!r}")
 
 
+def check_bench(new_tokens: int, repeats: int, link_ratio: float) -> None:
+    """UserError unless a decode bench has tokens to time (the first comes from the prompt), a pass
+    to time, and a link that takes time."""
+    if new_tokens < 2 or repeats < 1 or not link_ratio > 0:
+        raise UserError(f"need new_tokens >= 2, repeats >= 1 and link_ratio > 0 (got {new_tokens}, {repeats}, {link_ratio})")
+
+
 def check_live_system(system: str, *, train: bool, predictor: bool, replay: bool = False) -> None:
     """UserError unless `system` can run live with what is given: a training trace (`train`), a trained
     forecaster (`predictor`), the routing a harness forces (`replay`: oracles may read its future)."""

@@ -19,9 +19,8 @@ import json
 import sys
 import time
 
-from seqmoe.runtime.timing import check_bench
 from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
-from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, OffloadConfig, check_live_system
+from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, OffloadConfig, check_bench, check_live_system
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.placement import check_residency
 from seqmoe.costs.precision import format_bytes

@@ -14,12 +14,10 @@ folders are its parts:
 - `posted/`: decode steps that post their routing to a mailbox and never wait for the host (the
   control thread, the slot fence, the host relay, `DecodeGraph`'s CUDA graph);
 - `kernels/`: the posted engine's Triton kernels.
-docs/decode.md tells one decode step end to end. Needs torch (and transformers for the models),
-imported on first use: `timing` and `proc` do not.
+docs/decode.md tells one decode step end to end. Needs torch (and transformers for the models).
 """
 
-from seqmoe.base.lazy import lazy_exports
+from seqmoe.runtime.posted.graph import DecodeGraph
+from seqmoe.runtime.offload import OffloadRuntime, measure_profile, offload
 
-_HOMES = {"posted.graph": ("DecodeGraph",), "offload": ("OffloadRuntime", "measure_profile", "offload")}
-__all__ = [name for names in _HOMES.values() for name in names]
-__getattr__ = lazy_exports(__name__, _HOMES)
+__all__ = ["offload", "OffloadRuntime", "DecodeGraph", "measure_profile"]

@@ -18,7 +18,7 @@ import weakref
 import torch
 
 from seqmoe.base.errors import UserError
-from seqmoe.brain.manager import summarize
+from seqmoe.brain.manager import manager_kind, summarize
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile
 from seqmoe.runtime.core.experts import OffloadedExperts
 from seqmoe.brain.predict.online import forecaster_stats
@@ -132,7 +132,8 @@ class OffloadRuntime:
             summary = {(f"sim_{k}" if k.startswith(("disk_", "host_")) and k != "host_expert_s" else k): v
                        for k, v in summary.items()}
         return {
-            "system": self.system, "residency": self.residency, "capacity": self.capacity, "miss": self.miss,
+            "system": self.system, **manager_kind(self.controller.system), "residency": self.residency,
+            "capacity": self.capacity, "miss": self.miss,
             "num_layers": pool.num_layers, "num_experts": pool.num_experts, "top_k": self.controller.K,
             "tokens": tokens, "abandoned_tokens": self.controller.abandoned, **summary, "sim_copies": summary["copies"],
             "copies": self.worker.copies, "skipped_copies": self.worker.skipped, "pending_copies": self.worker.pending,

@@ -21,7 +21,7 @@ from seqmoe.brain.policies.belady import FutureUses, belady_misses
 from seqmoe.config import SimConfig
 from seqmoe.brain.manager.host_tier import host_policy
 from seqmoe.base.errors import UserError
-from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, start_placement, summarize
+from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, manager_kind, start_placement, summarize
 from seqmoe.brain.manager.miss_paths import check_twin
 from seqmoe.brain.manager.placement import capacity_for_bytes
 from seqmoe.costs.precision import format_bytes, parse_bytes
@@ -133,7 +133,8 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
                       progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens, plan=plan,
                       pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy)
     wall = time.perf_counter() - t0
-    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, "residency": residency, "capacity": capacity,
+    row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, **manager_kind(system), "residency": residency,
+           "capacity": capacity,
            "miss": system.miss, "expert_dtype": cfg.expert_dtype, "memory_bytes": capacity * model.expert_bytes,
            "twin": cfg.twin, "twin_budget": None if twin is None else twin.budget, "online": cfg.online,
            "draft": cfg.draft, "batch": cfg.batch, "admission": cfg.admission}

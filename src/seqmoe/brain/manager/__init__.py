@@ -14,6 +14,8 @@ placement, the checks of the inputs), `counts` (counts and the metric summary), 
 named systems and what each declares).
 """
 
+import warnings
+
 from seqmoe.brain.manager.counts import SimCounts, summarize
 from seqmoe.brain.manager.driver import Driver
 from seqmoe.brain.manager.placement import capacity_for, check_capacity, check_residency, start_placement
@@ -22,17 +24,36 @@ from seqmoe.brain.manager.state import MemoryManager
 from seqmoe.brain.manager.systems import SYSTEMS, SystemInputs, SystemSpec, build_system, system_spec
 
 
+class ReferenceManagerWarning(UserWarning):
+    """A system runs on the reference manager (Python): the same decisions and counts as compiled,
+    at a higher cost per decision."""
+
+
+def manager_kind(system: System, compiled: bool = True) -> dict:
+    """Which manager runs `system`: {"manager": "compiled"}, or {"manager": "reference",
+    "manager_reason": why} (`stats()["manager"]`, and a replay's row)."""
+    from seqmoe.brain.manager.compiled import compile_blocker  # numba: only where a manager is built
+
+    why = compile_blocker(system) if compiled else "the compiled manager was turned off (compiled=False)"
+    return {"manager": "compiled"} if why is None else {"manager": "reference", "manager_reason": why}
+
+
 def build_manager(system: System, *, model, hardware, capacity: int, start, observer: PoolObserver | None = None,
                   compiled: bool = True):
     """The state machine that runs `system` over `capacity` slots from the `start` placement: the
-    compiled one when the system qualifies (`compilable`) and `compiled`, else the reference
-    `MemoryManager`. Both make the same decisions."""
-    from seqmoe.brain.manager.compiled import CompiledManager, compilable
+    compiled one when the system qualifies (`compile_blocker`) and `compiled`, else the reference
+    `MemoryManager`. Both make the same decisions; a system that could not run compiled is reported
+    (`ReferenceManagerWarning`), never silently slower."""
+    from seqmoe.brain.manager.compiled import CompiledManager  # numba: only where a manager is built
 
-    cls = CompiledManager if compiled and compilable(system) else MemoryManager
+    kind = manager_kind(system, compiled)
+    if kind["manager"] == "reference" and compiled:
+        warnings.warn(f"system {system.name!r} runs on the reference manager (Python; the same decisions, slower): "
+                      f"{kind['manager_reason']}", ReferenceManagerWarning, stacklevel=2)
+    cls = CompiledManager if kind["manager"] == "compiled" else MemoryManager
     return cls(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
 
 
-__all__ = ["Driver", "MemoryManager", "PoolObserver", "System", "SimCounts", "summarize", "SYSTEMS", "SystemInputs",
+__all__ = ["ReferenceManagerWarning", "manager_kind", "Driver", "MemoryManager", "PoolObserver", "System", "SimCounts", "summarize", "SYSTEMS", "SystemInputs",
            "SystemSpec", "build_manager", "build_system", "system_spec", "capacity_for", "check_capacity",
            "check_residency", "start_placement"]

@@ -186,5 +186,5 @@ def _worth_a_slot(m, uid: int) -> tuple[bool, int | None]:
     victim = policy.victim(uid, m.pinned)
     if victim is None:
         return False, None
-    keep = getattr(policy, "keep_value", None)
-    return (keep is None or keep([uid])[0] > keep([victim])[0]), victim
+    mine, theirs = policy.keep_value([uid]), policy.keep_value([victim])
+    return (mine is None or mine[0] > theirs[0]), victim

@@ -63,9 +63,7 @@ class MemoryManager(ManagerBase):
         self.c.in_place += activations
         if self.observer is not None:
             self.observer.on_off_pool(uid, IN_PLACE)
-        note_use = getattr(self.system.policy, "note_use", None)
-        if note_use is not None:
-            note_use(uid, step)
+        self.system.policy.note_use(uid, step)
 
     def _on_host(self, uid: int, now: float, activations: int = 1) -> None:
         """Serve `uid` on the host CPU from `now` (one pass over it for its `activations` rows)."""
@@ -226,7 +224,6 @@ class MemoryManager(ManagerBase):
         pinned = self.pinned
         added = [u for u in needed if u not in pinned]
         pinned.update(added)
-        note_use = getattr(policy, "note_use", None)
         t0 = time.perf_counter()
         start, waiting = reveal, []
         for uid, m in zip(needed, mult):
@@ -267,16 +264,15 @@ class MemoryManager(ManagerBase):
                 waiting.append(key)
                 if self.observer is not None:
                     self.observer.on_off_pool(uid, TWIN)
-                if note_use is not None:
-                    note_use(uid, step)
+                policy.note_use(uid, step)
                 continue
             path, victim = auto_path(self, uid, reveal)
             if path.on_host_cpu:
                 self._on_host(uid, reveal, m)
                 if path.takes_slot:  # copied in behind: the policy hears of the use when the copy lands
                     self.prefetch(uid, step + self.num_layers, victim)
-                elif note_use is not None:
-                    note_use(uid, step)
+                else:
+                    policy.note_use(uid, step)
                 continue
             if not path.takes_slot:
                 self._read_in_place(uid, m, step, reveal, waiting)
@@ -334,7 +330,7 @@ class MemoryManager(ManagerBase):
             if prior is not None:
                 self.system.policy.set_prior(*prior)
             far = getattr(pred, "far", None)
-            if far is not None and hasattr(self.system.policy, "set_far"):
+            if far is not None:
                 self.system.policy.set_far(far)
         self._decide(None)
         self.c.decision_s += time.perf_counter() - t0

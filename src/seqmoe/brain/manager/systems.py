@@ -328,7 +328,7 @@ def _seqmoe_greedy(inp: SystemInputs) -> System:
 class _LRUVictims(ForecastPolicy):
     """Ablation: keep the forecast valuation (the scheduler's profits) but evict least recently used."""
 
-    evicts_least_recent = True  # the compiled manager's POLICY_FORECAST_LRU_VICTIMS
+    compiled_as = "forecast-lru-victims"
 
     def victim(self, incoming: int, pinned) -> int | None:
         last = np.where(self._resident, self._last, np.inf)

@@ -12,7 +12,7 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 
-from seqmoe.brain.policies.base import lazy_heap_victim
+from seqmoe.brain.policies.base import EvictionPolicy, lazy_heap_victim
 
 NEVER = 1 << 62  # next use of an expert that is never used again
 
@@ -46,7 +46,7 @@ class FutureUses:
         return uses[i] if i < len(uses) else NEVER
 
 
-class BeladyPolicy:
+class BeladyPolicy(EvictionPolicy):
     """Evict the resident expert whose next use is furthest in the future (needs the future).
 
     Args:

@@ -33,13 +33,14 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 
+from seqmoe.brain.policies.base import EvictionPolicy
 from seqmoe.brain.policies.forecast_entries import EntriesAhead, first_use, no_entries, sparse_entries
 from seqmoe.brain.policies.reuse import NUM_COUNT_CLASSES, ReuseTable, decayed_count, fitted_reuse_table, log2_bucket
 from seqmoe.brain.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
 
 
-class ForecastPolicy:
+class ForecastPolicy(EvictionPolicy):
     """Evict the resident, unpinned uid with the lowest keep value (ties: least recently used).
 
     Args:
@@ -52,6 +53,8 @@ class ForecastPolicy:
         reuse: learned prior beyond the horizon (`fit_reuse_table` with the same tau).
         floor: forecast probabilities below this count as 0 (keeps the entries sparse).
     """
+
+    compiled_as = "forecast"
 
     def __init__(self, use_rate: np.ndarray, *, num_layers: int, num_experts: int, tau: float | None = None,
                  reuse: ReuseTable | None = None, floor: float = 1e-4) -> None:
@@ -75,6 +78,11 @@ class ForecastPolicy:
         counts = np.bincount(train.uids().reshape(-1), minlength=L * E)
         reuse = fitted_reuse_table(train, tau, num_gap_classes, num_count_classes) if learned_reuse else None
         return cls(counts / train.num_tokens, num_layers=L, num_experts=E, tau=tau, reuse=reuse)
+
+    @property
+    def num_layers(self) -> int:
+        """L, the layers its positions count."""
+        return self._L
 
     def set_far(self, far: np.ndarray) -> None:
         """[L * E] the forecaster's long-range head values for this token (`seqmoe.brain.predict.far_head`):

@@ -6,11 +6,13 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Container, Sequence
 
-from seqmoe.brain.policies.base import lazy_heap_victim
+from seqmoe.brain.policies.base import EvictionPolicy, lazy_heap_victim
 
 
-class LRUPolicy:
+class LRUPolicy(EvictionPolicy):
     """Evict the least recently used expert of the whole pool."""
+
+    compiled_as = "lru"
 
     def __init__(self) -> None:
         self._order: OrderedDict[int, None] = OrderedDict()  # oldest first
@@ -36,7 +38,7 @@ class LRUPolicy:
         del self._order[uid]
 
 
-class LFUPolicy:
+class LFUPolicy(EvictionPolicy):
     """Evict the least frequently used expert (uses counted since reset); ties by least recent use."""
 
     def __init__(self) -> None:
@@ -71,7 +73,7 @@ class LFUPolicy:
         del self._last[uid]
 
 
-class LayerLRUPolicy:
+class LayerLRUPolicy(EvictionPolicy):
     """LRU within per-layer groups of equal quota (mixtral-offloading-style).
 
     mixtral-offloading keeps a fixed number of expert slots per layer with LRU inside each layer.

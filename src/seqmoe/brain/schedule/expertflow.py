@@ -28,6 +28,7 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 
+from seqmoe.brain.policies.base import EvictionPolicy
 from seqmoe.brain.predict.base import Forecast
 from seqmoe.brain.schedule.base import PoolView
 
@@ -42,7 +43,7 @@ class ExpertFlowShared:
         self.stalls = self.over = 0
 
 
-class TwoLevelLRUPolicy:
+class TwoLevelLRUPolicy(EvictionPolicy):
     """LRU that evicts unprotected experts first (see the module doc)."""
 
     def __init__(self, shared: ExpertFlowShared, num_layers: int) -> None:

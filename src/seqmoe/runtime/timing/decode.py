@@ -34,8 +34,7 @@ import time
 import torch
 
 from seqmoe.arch import cache_kwarg, model_arch
-from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, OffloadConfig, check_live_system
-from seqmoe.runtime.timing import check_bench
+from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, OffloadConfig, check_bench, check_live_system
 from seqmoe.base.errors import UserError
 from seqmoe.costs.host_cost import host_fields
 from seqmoe.brain.manager.systems import SYSTEMS as ALL

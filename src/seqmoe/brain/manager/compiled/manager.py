@@ -6,8 +6,7 @@ import time
 
 import numpy as np
 
-from seqmoe.brain.policies.forecast import ForecastPolicy, discount_table
-from seqmoe.brain.policies.lru import LRUPolicy
+from seqmoe.brain.policies.forecast import discount_table
 import seqmoe.brain.manager.compiled.channel as channel
 import seqmoe.brain.manager.compiled.ops as ops
 import seqmoe.brain.manager.compiled.recency as recency
@@ -29,29 +28,41 @@ from seqmoe.brain.manager.base import ManagerBase
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher, price_of_copy
 
 
+COMPILED_POLICIES = {"lru": POLICY_LRU, "forecast": POLICY_FORECAST, "forecast-lru-victims": POLICY_FORECAST_LRU_VICTIMS}
+"""The policies the kernels implement, by the name a policy class gives as its `compiled_as`."""
+
+
 def _policy_kind(policy) -> int | None:
-    if type(policy) is LRUPolicy:
-        return POLICY_LRU
-    if type(policy) is ForecastPolicy:
-        return POLICY_FORECAST
-    if isinstance(policy, ForecastPolicy) and getattr(type(policy), "evicts_least_recent", False):
-        return POLICY_FORECAST_LRU_VICTIMS
+    """The kernels of `policy`'s exact class (a subclass names its own), or None."""
+    return COMPILED_POLICIES.get(type(policy).__dict__.get("compiled_as"))
+
+
+def compile_blocker(system) -> str | None:
+    """Why `CompiledManager` cannot run `system` (its policy, scheduler or forecast horizon), or None
+    when it can."""
+    kind = _policy_kind(system.policy)
+    if kind is None:
+        return f"its eviction policy {type(system.policy).__name__} has no compiled kernels (`compiled_as`)"
+    if system.host_only:  # `cpu-all`: nothing to decide, the reference manager runs it
+        return "it computes every expert on the host CPU: there is nothing to decide"
+    pre, pred = system.prefetcher, system.predictor
+    if pre is None:  # a predictor only observes: no forecast reaches the policy
+        return None
+    if type(pre) is not DeadlinePrefetcher:
+        return f"its prefetch scheduler {type(pre).__name__} has no compiled kernels"
+    if pre.policy is not system.policy or kind == POLICY_LRU:
+        return "its deadline scheduler needs the forecast policy that evicts as its valuation"
+    if pre.max_jobs > COSTS_N:
+        return f"its deadline scheduler plans more than {COSTS_N} jobs at once"
+    horizon = getattr(pred, "horizon", None)
+    if pred is None or horizon is None or horizon > 2 * system.policy.num_layers:
+        return "its forecast has no horizon within two tokens"
     return None
 
 
 def compilable(system) -> bool:
-    """True when `CompiledManager` runs `system` (its policy, scheduler and forecast horizon qualify)."""
-    kind = _policy_kind(system.policy)
-    if kind is None or system.host_only:  # `cpu-all`: nothing to decide, the reference manager runs it
-        return False
-    pre, pred = system.prefetcher, system.predictor
-    if pre is None:  # a predictor only observes: no forecast reaches the policy
-        return True
-    if (type(pre) is not DeadlinePrefetcher or pre.policy is not system.policy or kind == POLICY_LRU
-            or pre.max_jobs > COSTS_N):
-        return False
-    horizon = getattr(pred, "horizon", None)
-    return pred is not None and horizon is not None and horizon <= 2 * system.policy._L
+    """True when `CompiledManager` runs `system` (`compile_blocker` finds nothing)."""
+    return compile_blocker(system) is None
 
 
 _NO_STEPS, _NO_PROBS = np.zeros(0, np.int64), np.zeros((0, 1), np.float32)  # `decide` without a new forecast

@@ -17,6 +17,7 @@ from collections.abc import Container, Sequence
 
 import numpy as np
 
+from seqmoe.brain.policies.base import EvictionPolicy
 from seqmoe.brain.predict.base import Forecast
 from seqmoe.trace.schema import RoutingTrace
 
@@ -77,7 +78,7 @@ class EAMPredictor:
         return Forecast(steps, np.minimum(probs, 1.0))
 
 
-class EAMPolicy:
+class EAMPolicy(EvictionPolicy):
     """Activation-aware eviction: evict the resident expert with the lowest priority.
 
     priority(l, e) = (uses of e at layer l in the current request, or the batch's requests summed,
