@@ -57,12 +57,13 @@ class CacheAwareRouting:
         missing: missing(layer) -> [E] bool, the experts of `layer` that are not in the pool
             (neither resident nor being copied in).
         resident: resident(layer) -> [E] bool, the experts of `layer` readable now.
+        posted: the rule for posted steps on a device (`runtime.kernels.rerouting`), or None.
     """
 
-    def __init__(self, max_kl: float, missing, resident) -> None:
+    def __init__(self, max_kl: float, missing, resident, posted=None) -> None:
         self.max_kl = float(max_kl)
         self._missing, self._resident = missing, resident
-        self.posted = None  # the rule for posted steps on a device (`runtime.kernels.rerouting`), if any
+        self.posted = posted
         self._used = np.zeros(0)
         self.activations = self.substitutions = 0
         self.kl_total = 0.0

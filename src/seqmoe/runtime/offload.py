@@ -42,10 +42,12 @@ from seqmoe.runtime.core.device import (
     Undo, allocate_slots, check_device_memory, move_model, pool_room, resolve_device,
 )
 from seqmoe.brain.rerouting import CacheAwareRouting
+from seqmoe.runtime.eager.experts import eager_forward
 from seqmoe.runtime.eager.host_exec import HostExecutor
+from seqmoe.runtime.posted.experts import posted_forward
 from seqmoe.runtime.posted.host_relay import HostRelay
 from seqmoe.runtime.core.controller import Controller
-from seqmoe.runtime.posted.control_thread import ControlThread
+from seqmoe.runtime.posted.steps import PostedController
 from seqmoe.runtime.core.copier import CopyWorker
 from seqmoe.runtime.core.costs import measure_host_expert_s, measure_link, measured_profile
 from seqmoe.runtime.core.experts import OffloadedExperts
@@ -276,17 +278,16 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
     layers, C, hw = arch.moe, plan.capacity, plan.hardware
     L, E, K = len(layers), arch.num_experts, arch.top_k
     with Undo() as undo:
+        mp = measure_profile(model, arch, layout)  # the dense part's bytes: the same before and after the moves
         twin = plan.system.twin
         twins = None if twin is None else TwinStore.pack(
-            originals, QuantLayout.of(getattr(layout, "base", layout), twin.precision), device)
+            originals, QuantLayout.of(getattr(layout, "base", layout), twin.precision), device,
+            link_s=copy_time_s(mp.at_precision(twin.precision), hw) if emulate_link else None)
         if plan.disk is None:
             hosts, kept = _pack(originals, layout, device, undo)
         else:  # the rows come from disk through a host cache: nothing to pack
             hosts, kept = plan.disk.open(plan.system, layout, device, undo), _strip(originals, layout, undo)
         move_model(model, device, undo)  # the dense remainder only: the routed experts are already out
-        mp = measure_profile(model, arch, layout)
-        if twins is not None and emulate_link:
-            twins.link_s = copy_time_s(mp.at_precision(twin.precision), hw)
         fence = ReadFence(device) if plan.control == "thread" else None
         pool = ExpertPool(hosts, C, device, slots=allocate_slots(C, layout, device, L * E), fence=fence,
                           link_s=copy_time_s(mp, hw) if emulate_link else None)
@@ -301,36 +302,36 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         learner = None
         if plan.online is not None and isinstance(plan.system.predictor, OnlineForecaster):
             fc = plan.system.predictor
-            learner = fc.learner = NoLearner() if not cfg.learn else ProcessLearner(
+            learner = NoLearner() if not cfg.learn else ProcessLearner(
                 fc.config, weights=None if fc.inner is None else fc.inner.w, save_to=plan.online)
             undo.push(learner.close)
-        controller = Controller(plan.system, L, E, K, plan.meta, record=cfg.record_trace)
-        controller.pregate = plan.pregate
+            fc.use_learner(learner)
+        routing = None if max_kl is None else CacheAwareRouting(
+            max_kl, missing=pool.missing_row, resident=lambda l: pool.table_host[l] >= 0,
+            posted=DeviceCacheRouting(max_kl, pool, K) if plan.control == "thread" and device.type == "cuda" else None)
+        parts = dict(pregate=plan.pregate, routing=routing, record=cfg.record_trace)
+        if plan.control == "thread":
+            mailbox = Mailbox(L, K, device, fence)
+            relay = None if host is None else HostRelay(
+                mailbox, model.config.hidden_size, layout.compute_dtype, host, [HostExecutor.clone(x) for x in originals],
+                layout, hosts, control_failed=lambda: controller.thread.stopped, device=device)
+            controller = PostedController(plan.system, L, E, K, plan.meta, fence=fence, mailbox=mailbox, relay=relay,
+                                          **parts)
+            undo.push(controller.thread.close)
+        else:
+            controller = Controller(plan.system, L, E, K, plan.meta, **parts)
         clock = None if plan.disk is None else plan.disk.clock(plan.system, mp, hw, plan.start, pool)
         manager = build_manager(plan.system, model=mp, hardware=hw, capacity=C, start=plan.start,
-                                observer=controller if clock is None else clock.observer(plan.disk.observer(controller)))
+                                observer=controller if clock is None else clock.observer(plan.disk.observer(controller)),
+                                on_forecast=None if clock is None else clock.note_forecast)
         if host is not None:  # a prompt's misses split between the link and the host by this cost model
-            host.prompt = prompt_costs(mp, hw)
+            host.price_prompts(prompt_costs(mp, hw))
         worker = CopyWorker(pool)
         undo.push(worker.close)
         controller.attach(manager, pool, worker, disk=clock)
-        if max_kl is not None:
-            controller.routing = CacheAwareRouting(max_kl, missing=pool.missing_row, resident=lambda l: pool.table_host[l] >= 0)
-            if plan.control == "thread" and device.type == "cuda":  # posted steps substitute on the device
-                controller.routing.posted = DeviceCacheRouting(max_kl, pool, K)
-        if plan.control == "thread":
-            controller.fence = fence
-            controller.mailbox = Mailbox(L, K, device, fence)
-            if host is not None:
-                clones = [HostExecutor.clone(x) for x in originals]
-                controller.relay = HostRelay(controller.mailbox, model.config.hidden_size, layout.compute_dtype, host, clones,
-                                             layout, hosts, control_failed=lambda: controller.thread.stopped,
-                                             device=device)
-            controller.thread = ControlThread(controller, controller.mailbox, controller.lock,
-                                              on_stop=controller.relay.abort if controller.relay is not None else None)
-            undo.push(controller.thread.close)
         for l, (m, orig) in enumerate(zip(layers, originals)):
-            setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller, host, twins))
+            setattr(m.block, m.experts_attr, OffloadedExperts(orig, l, layout, pool, controller, host, twins,
+                                                                  eager=eager_forward, posted=posted_forward))
             undo.push(lambda m=m, orig=orig: setattr(m.block, m.experts_attr, orig))
         hooks = install_hooks(controller, model, [m.router for m in layers])
         undo.push(lambda: [h.remove() for h in hooks])

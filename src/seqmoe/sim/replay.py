@@ -63,15 +63,12 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
                         "trace that holds gate_weights (`seqmoe trace collect`, or a Mixtral JSONL trace)")
     disk = None if host_rows is None else _disk(system, model, hardware, host_rows, host_policy, start, plan)
     manager = build_manager(system, model=model, hardware=hardware, capacity=capacity, start=start, compiled=compiled,
-                            observer=None if disk is None else disk.observer())
+                            observer=None if disk is None else disk.observer(),
+                            on_forecast=None if disk is None else disk.note_forecast)
     driver = Driver(manager, disk=disk)
     if disk is not None:
         disk.attach(manager)
-    try:
-        return _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates)
-    finally:
-        if disk is not None:
-            disk.detach()
+    return _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates)
 
 
 def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:

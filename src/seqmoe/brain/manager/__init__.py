@@ -39,7 +39,7 @@ def manager_kind(system: System, compiled: bool = True) -> dict:
 
 
 def build_manager(system: System, *, model, hardware, capacity: int, start, observer: PoolObserver | None = None,
-                  compiled: bool = True):
+                  on_forecast=None, compiled: bool = True):
     """The state machine that runs `system` over `capacity` slots from the `start` placement: the
     compiled one when the system qualifies (`compile_blocker`) and `compiled`, else the reference
     `MemoryManager`. Both make the same decisions; a system that could not run compiled is reported
@@ -51,7 +51,8 @@ def build_manager(system: System, *, model, hardware, capacity: int, start, obse
         warnings.warn(f"system {system.name!r} runs on the reference manager (Python; the same decisions, slower): "
                       f"{kind['manager_reason']}", ReferenceManagerWarning, stacklevel=2)
     cls = CompiledManager if kind["manager"] == "compiled" else MemoryManager
-    return cls(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
+    return cls(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer,
+               on_forecast=on_forecast)
 
 
 __all__ = ["ReferenceManagerWarning", "manager_kind", "Driver", "MemoryManager", "PoolObserver", "System", "SimCounts", "summarize", "SYSTEMS", "SystemInputs",

@@ -68,14 +68,16 @@ class ManagerBase:
         capacity: C, slots in the pool (at least K).
         start: the start placement, at most C uids (`seqmoe.brain.manager.start_placement`).
         observer: told of every load, promotion and eviction (the runtime's data plane).
+        on_forecast: told of every forecast the predictor makes, `on_forecast(step, forecast)` (the
+            disk tier's host cache reads it), or None.
     """
 
     takes_arrays = False
     """`layer` takes the routed uids as an int64 array (else as a list of ints)."""
 
     def __init__(self, system, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
-                 observer: PoolObserver | None = None) -> None:
-        self.observer = observer
+                 observer: PoolObserver | None = None, on_forecast=None) -> None:
+        self.observer, self.on_forecast = observer, on_forecast
         self.num_layers, self.num_experts, self.top_k = model.num_layers, model.num_experts, model.top_k
         check_capacity(capacity, self.top_k)
         if len(start) > capacity:
@@ -139,6 +141,13 @@ class ManagerBase:
         if self.predictor is not None and not isinstance(self.predictor, LanePredictors):
             self.predictor = LanePredictors(self.predictor)
         return self.predictor
+
+    def _forecast(self, step: int):
+        """The predictor's forecast after `step` (None: the last one stands), told to `on_forecast`."""
+        fc = self.predictor.predict(step)
+        if fc is not None and self.on_forecast is not None:
+            self.on_forecast(step, fc)
+        return fc
 
     def _new_prior(self):
         """(use rates, reuse table) an online forecaster refitted at this token start, once; else None."""

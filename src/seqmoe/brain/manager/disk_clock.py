@@ -2,8 +2,9 @@
 disk, under the device pool's manager, which stays as it is (docs/DESIGN.md, "The disk tier").
 
     disk = DiskClock(HostTier(H, L, E, policy=host_policy(system), read_s=d, start=start), model=..., hardware=...)
-    manager = build_manager(system, ..., observer=disk.observer(inner))   # inner: the runtime's, or None
-    driver = Driver(manager, disk=disk); disk.attach(manager)            # ... replay ...; disk.detach()
+    manager = build_manager(system, ..., observer=disk.observer(inner),  # inner: the runtime's, or None
+                            on_forecast=disk.note_forecast)
+    driver = Driver(manager, disk=disk); disk.attach(manager)
 
 The series rule: every transfer the manager orders (a copy, an in-place read, a host-CPU expert)
 first `need`s its row in the host tier at the time of the call that ordered it, and cannot end
@@ -72,7 +73,6 @@ class DiskClock:
         self.now = 0.0  # the clock of the manager call being made (its events happen then)
         self.host_floor = 0.0  # the current layer's host-CPU experts end no earlier
         self.stall_s = 0.0
-        self._pred, self._had_predict = None, False
 
     # -- wiring ------------------------------------------------------------------------------------
     def observer(self, inner=None) -> DiskObserver:
@@ -80,30 +80,15 @@ class DiskClock:
         return DiskObserver(self, inner)
 
     def attach(self, manager) -> None:
-        """Show the tier `manager`'s pool (`HostTier.resident`) and hand each forecast of its
-        predictor to the tier too (its `predict` wrapped on the instance, so the compiled manager's
-        call goes through it); the wrapping is undone by `detach`."""
+        """Show the tier `manager`'s pool (`HostTier.watch`); the manager tells `note_forecast` of its
+        forecasts (built with `on_forecast=clock.note_forecast`)."""
         if self.tier.policy == "forecast":
-            self.tier.resident = manager.present_mask
-        pred = manager.predictor
-        if pred is None or self.tier.policy != "forecast":
-            return
-        self._pred, self._had_predict = pred, "predict" in vars(pred)
-        inner = pred.predict
+            self.tier.watch(resident=manager.present_mask)
 
-        def predict(step):
-            fc = inner(step)
-            if fc is not None:
-                self.tier.note_forecast(step, fc)
-            return fc
-
-        pred.predict = predict
-
-    def detach(self) -> None:
-        """Restore the predictor's own `predict` (a cached predictor serves later runs unwrapped)."""
-        if self._pred is not None and not self._had_predict:
-            del self._pred.predict
-        self._pred = None
+    def note_forecast(self, step: int, forecast) -> None:
+        """A forecast of the manager's predictor: the forecast policy of the tier reads it too."""
+        if self.tier.policy == "forecast":
+            self.tier.note_forecast(step, forecast)
 
     # -- the driver's calls --------------------------------------------------------------------------
     def token_start(self, now: float) -> None:

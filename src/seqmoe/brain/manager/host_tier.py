@@ -77,17 +77,24 @@ class HostTier:
         self.soon = np.full(n, np.inf)  # expected next use from the latest forecast, in tokens
         self.likely = np.zeros(n)  # the latest forecast's highest probability of each uid
         self.ahead = np.zeros(n, dtype=bool)  # read ahead and not needed since
-        self.resident = None
-        """Optional: a callable giving the [L * E] mask of the uids the device pool holds (the
-        manager's `present_mask`); the forecast policy evicts their rows first."""
+        self.resident = None  # see `watch`
         self.follow = None
-        """Optional: the [L * E] `row_of` of a leading tier (the runtime's simulated one): rows it
-        does not hold are evicted first, so this tier's contents track its decisions."""
         self.disk_free_at = 0.0
         self._tick = 0.0
         self.hits = self.reads = self.ahead_reads = self.ahead_used = 0
         for u in list(start)[:rows]:
             self._place(int(u), self._free_row())
+
+    def watch(self, *, resident=None, leader: HostTier | None = None) -> None:
+        """What this tier sees beyond its own rows. `resident`: a callable giving the [L * E] mask of the
+        uids the device pool holds (the manager's `present_mask`); the forecast policy evicts their rows
+        first. `leader`: the tier this one follows (the runtime's real cache follows its simulated
+        tier): it reads the leader's forecast inputs (`rate`, `soon`: the same arrays) and evicts
+        first the rows the leader does not hold, so its contents track the leader's decisions."""
+        if resident is not None:
+            self.resident = resident
+        if leader is not None:
+            self.rate, self.soon, self.follow = leader.rate, leader.soon, leader.row_of
 
     # -- what the cache holds -----------------------------------------------------------------------
     def has(self, uid: int) -> bool:

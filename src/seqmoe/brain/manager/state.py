@@ -31,8 +31,9 @@ class MemoryManager(ManagerBase):
     predictor and scheduler); also the `PoolView` its scheduler sees. Arguments: `ManagerBase`."""
 
     def __init__(self, system: System, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
-                 observer: PoolObserver | None = None) -> None:
-        super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
+                 observer: PoolObserver | None = None, on_forecast=None) -> None:
+        super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer,
+                         on_forecast=on_forecast)
         self.engine = CopyEngine(self.copy_time_s, self.num_layers * self.num_experts, self.twin_time_s)
         n = self.num_layers * self.num_experts
         self._present = bytearray(n)
@@ -202,7 +203,7 @@ class MemoryManager(ManagerBase):
         if self.predictor is not None and ids is not None:
             self.predictor.observe(self.step, ids)
         if sys.prefetcher is not None:
-            forecast = self.predictor.predict(self.step) if self.predictor is not None else None
+            forecast = self._forecast(self.step) if self.predictor is not None else None
             sys.prefetcher.plan(forecast, self)
 
     def layer(self, step: int, needed: list[int], ids: np.ndarray | None, reveal: float, weights=None,

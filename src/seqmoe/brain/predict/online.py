@@ -215,6 +215,11 @@ class OnlineForecaster:
     def predict(self, step: int) -> Forecast | None:
         return None if self.inner is None else self.inner.predict(step)
 
+    def use_learner(self, learner) -> None:
+        """Learn through `learner` from now on (the runtime starts its process learner once the model is
+        offloaded)."""
+        self.learner = learner
+
     def close(self) -> None:
         """Stop the learner (the runtime's close and restore)."""
         self.learner.close()

@@ -24,7 +24,7 @@ With `control="thread"` (`posted.control_thread.ControlThread`) a decode forward
 routing to the mailbox from the router hooks (device ops, no host synchronisation,
 graph-capturable) and the control thread feeds it to the same calls (`decode_layer`); prompt
 forwards stay inline, after the thread has caught up. Those methods are the posted engine's and
-live beside it (`posted.steps.PostedSteps`, which `Controller` inherits).
+live beside it (`posted.steps.PostedController`, this class with the posted half).
 
 A forward whose model cache is empty starts a new request (as `generate` does for its prompt);
 without a cache (`use_cache=False`) every forward is a request of its own.
@@ -58,7 +58,6 @@ from seqmoe.brain.manager.miss_paths import MissPath
 from seqmoe.runtime.core.copier import CopyWorker
 from seqmoe.runtime.core.pool import ExpertPool
 from seqmoe.runtime.core.signals import critical
-from seqmoe.runtime.posted.steps import PostedSteps
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 
 
@@ -76,17 +75,20 @@ class _Open:
     """Its number in the fence's ledger (thread mode)."""
 
 
-class Controller(PostedSteps):
+class Controller:
     """Drive a memory manager from routing events and mirror its slots into `pool` via `worker`.
 
     Args:
         system: the system inside the manager (built with this controller as its observer, see `attach`).
         num_layers, num_experts, top_k: L, E, K.
         meta: what `trace()` records as its source.
+        pregate: live pre-gate rows (`eager.pregate.LivePregate`) for the systems that fuse them, or None.
+        routing: cache-aware routing (`seqmoe.brain.rerouting.CacheAwareRouting`), or None: exact routing.
+        record: keep every position's routing for `trace()` (it grows with every position).
     """
 
-    def __init__(self, system: System, num_layers: int, num_experts: int, top_k: int, meta: TraceMeta,
-                 record: bool = True) -> None:
+    def __init__(self, system: System, num_layers: int, num_experts: int, top_k: int, meta: TraceMeta, *,
+                 pregate=None, routing=None, record: bool = True) -> None:
         self.system = system
         self.L, self.E, self.K = num_layers, num_experts, top_k
         self.meta = meta
@@ -95,7 +97,7 @@ class Controller(PostedSteps):
         self.driver: Driver | None = None
         self.pool: ExpertPool | None = None
         self.worker: CopyWorker | None = None
-        self.record = record  # keep every position's routing for `trace()` (it grows with every position)
+        self.record = record
         self._ids: list[np.ndarray] = []  # per forward: [N, L, K] int16
         self._weights: list[np.ndarray] = []
         self._tokens: list[int | None] = []
@@ -109,22 +111,20 @@ class Controller(PostedSteps):
         self._shape = (0, top_k)
         self._new_request = True
         self.host_s = 0.0  # seconds in the model hooks (routing events, control plane); see `OffloadRuntime.stats`
-        self.thread = None  # posted.control_thread.ControlThread when the control plane runs on its own thread
-        self.mailbox = None
+        # The posted engine's parts (`posted.steps.PostedController`); None here: inline control.
+        self.thread = self.mailbox = self.fence = self.relay = None
         self.posting = False  # a decode forward posting to the mailbox is running (thread mode)
         self.graph_step = False  # DecodeGraph runs a decode step it launched itself (or warms up, captures)
-        self.routing = None  # seqmoe.brain.rerouting.CacheAwareRouting, or None: exact routing
+        self.routing = routing
         self._token_input: torch.Tensor | None = None
         self._posted = 0  # layers the running posting forward has posted
         self._step: tuple[np.ndarray, np.ndarray, int | None] | None = None  # the decode step being read
-        self.fence = None  # thread mode: the pool's `ReadFence` (its ledger of forwards)
         self._open: _Open | None = None
         self._mid_token = False  # the driver got a token_start and not yet its last layer_end
         self.abandoned = 0  # tokens the state machine saw in part (a forward cut short)
         self._on_host: set[int] = set()  # uids the manager sent to the host CPU at the current reveal
         self._twins: set[int] = set()  # uids the manager gave to their low-bit twins at the current reveal
-        self.relay = None  # posted.host_relay.HostRelay: the host CPU path of posted decode steps
-        self.pregate = None  # eager.pregate.LivePregate, when the system fuses pre-gating
+        self.pregate = pregate
         self.lanes: list[int] | None = None  # the lanes of the forwards' rows (`OffloadRuntime.use_lanes`); None: 0..B-1
 
     def attach(self, manager, pool: ExpertPool, worker: CopyWorker, disk=None) -> None:
@@ -311,6 +311,14 @@ class Controller(PostedSteps):
         else:
             self.end_inline()
 
+    def end_posted(self, posted: int | None = None) -> None:
+        """Close a decode step that posted its routing: the posted engine's (`PostedController`)."""
+        raise RuntimeError("a posted decode step needs the posted engine's controller (control='thread')")
+
+    def _abort_posted(self, o: _Open) -> None:
+        """Cut short a decode step that posted its routing: the posted engine's (`PostedController`)."""
+        raise RuntimeError("a posted decode step needs the posted engine's controller (control='thread')")
+
     def abort(self) -> None:
         """Close the open forward of this thread as cut short (idempotent): after an exception or
         KeyboardInterrupt anywhere in it or in its hooks. The runtime is then ready for the next one."""
@@ -319,8 +327,7 @@ class Controller(PostedSteps):
             return
         with critical():
             if o.posted:
-                self._cut(o)
-                self._close_relay_step()
+                self._abort_posted(o)
             else:
                 with self.lock:
                     self._forward = None

@@ -75,22 +75,3 @@ def measured_profile(hw: HardwareProfile, expert_bytes: int, link: tuple[float, 
                                copy_overhead_s=overhead, **host_fields(expert_bytes, host_s, overhead),
                                source=f"{hw.source}; measured at start: {rate / 1e9:.3g} GB/s + {1e6 * overhead:.1f} us "
                                       f"per copy, {1e6 * host_s:.1f} us per host expert")
-
-
-def model_host_expert_s(model) -> float:
-    """`measure_host_expert_s` for a model that is not offloaded: one expert of its first MoE layer,
-    packed into host memory for the measurement, round trip from the model's device."""
-    from seqmoe.arch import model_arch
-    from seqmoe.runtime.eager.host_exec import HostExecutor
-
-    arch = model_arch(model)
-    experts = arch.moe[0].experts
-    layout = arch.layout(experts)
-    rows = torch.empty((experts.num_experts, layout.numel), dtype=layout.dtype)
-    layout.pack(experts, rows)
-    executor = HostExecutor()
-    try:
-        return measure_host_expert_s(executor, HostExecutor.clone(experts), layout, rows, model.config.hidden_size,
-                                     arch.top_k, next(experts.parameters()).device)
-    finally:
-        executor.close()

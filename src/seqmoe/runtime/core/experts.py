@@ -6,8 +6,8 @@ all of them into one contiguous row of P numbers (`seqmoe.arch.ExpertLayout`), s
 moves one expert, and deletes the parameters.
 
 `OffloadedExperts.forward` has the original signature (hidden_states, top_k_index, top_k_weights)
-and hands the call to the engine that runs it: a decode step that posts its routing
-(`control="thread"`) to `posted.experts.posted_forward`, every other call to
+and hands the call to the engine that runs it (given by `offload`): a decode step that posts its
+routing (`control="thread"`) to `posted.experts.posted_forward`, every other call to
 `eager.experts.eager_forward`. Both find the routed experts' weights through the layer's
 `ExpertFront` (or the posted gather) and run the *original module's own forward* on them with the
 routed ids renumbered (`compute`), so every architecture's math (activation, gate/up layout,
@@ -39,15 +39,15 @@ class OffloadedExperts(torch.nn.Module):
             control plane's layer end); `posting` tells a decode step that posts its routing.
         host: the `HostExecutor` when misses may be computed on the host CPU, else None.
         twins: the `eager.twins.TwinStore` of the twin miss path, else None.
+        eager: the engine function of every call but posted decode steps (`eager.experts.eager_forward`).
+        posted: that of posted decode steps (`posted.experts.posted_forward`), or None under inline control.
 
     `host_s` accumulates the seconds spent here outside the original forward and the gathers (and
     in `done`); `gather_s` the seconds of the gathers (data plane: copies of the routed rows).
     """
 
-    def __init__(self, original: torch.nn.Module, layer: int, layout, pool, control, host=None, twins=None) -> None:
-        from seqmoe.runtime.eager.experts import eager_forward
-        from seqmoe.runtime.posted.experts import posted_forward
-
+    def __init__(self, original: torch.nn.Module, layer: int, layout, pool, control, host=None, twins=None, *,
+                 eager, posted=None) -> None:
         super().__init__()
         check_experts(original)
         object.__setattr__(self, "original", original)  # not a submodule: its state is the runtime's
@@ -74,7 +74,7 @@ class OffloadedExperts(torch.nn.Module):
             from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
             self.posted_forward = ALL_EXPERTS_FUNCTIONS["batched_mm"]
-        self._eager, self._posted = eager_forward, posted_forward
+        self._eager, self._posted = eager, posted
         self._posted_index: dict[tuple, torch.Tensor] = {}
 
     host_s = property(lambda self: self.counts.host_s - self.counts.gather_s,

@@ -39,6 +39,8 @@ real link would share its bandwidth between them).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 import threading
 import time
@@ -48,8 +50,10 @@ import numpy as np
 import torch
 
 from seqmoe.base.errors import UserError
-from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.core.mapped import dequantizes, device_view, gather_dequantized, gather_rows
+
+if TYPE_CHECKING:  # a posted part: core names its type only
+    from seqmoe.runtime.posted.fence import ReadFence
 
 _NEAR = 16  # how far from its home slot `assign` looks for a free slot before taking any
 

@@ -52,11 +52,9 @@ class DiskPlan:
         read_s = disk_read_s(model, hardware) if hardware.disk_bytes_per_s is not None else 0.0
         tier = HostTier(self.rows, self.num_layers, self.num_experts, policy=host_policy(system), read_s=read_s,
                         start=start)
-        real = self.cache.tier
-        real.rate, real.soon = tier.rate, tier.soon  # the same arrays: one set of inputs
-        # Rows of experts whose copy is done go first: one with a copy still queued is needed again.
-        real.resident = lambda: (pool.table_host >= 0).reshape(-1)
-        real.follow = tier.row_of  # the simulated tier decides; this one follows where its rows' use allows
+        # The simulated tier decides; the real one follows where its rows' use allows. Rows of experts
+        # whose copy is done go first: one with a copy still queued is needed again.
+        self.cache.tier.watch(resident=lambda: (pool.table_host >= 0).reshape(-1), leader=tier)
         return DiskClock(tier, model=model, hardware=hardware)
 
     def first_expert(self, layer: int) -> dict[str, torch.Tensor]:

@@ -28,6 +28,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from seqmoe.arch import model_arch
+from seqmoe.runtime.core.costs import measure_host_expert_s
+
 
 class HostExecutor:
     """One worker thread computing host-served experts.
@@ -38,9 +41,14 @@ class HostExecutor:
 
     def __init__(self, emulated_s: float = 0.0) -> None:
         self.emulated_s = emulated_s
-        self.prompt = None  # seqmoe.costs.host_cost.PromptCosts: how a prompt splits its misses (set by offload)
+        self.prompt = None  # seqmoe.costs.host_cost.PromptCosts: how a prompt splits its misses (`price_prompts`)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="seqmoe-host")
         self.experts = 0  # experts computed here so far
+
+    def price_prompts(self, costs) -> None:
+        """Split a prompt's misses between the link and this CPU by `costs` (`seqmoe.costs.host_cost.PromptCosts`,
+        known once the cost model is measured)."""
+        self.prompt = costs
 
     @staticmethod
     def clone(original: torch.nn.Module) -> torch.nn.Module:
@@ -87,3 +95,19 @@ class HostExecutor:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
+
+
+def model_host_expert_s(model) -> float:
+    """`measure_host_expert_s` for a model that is not offloaded: one expert of its first MoE layer,
+    packed into host memory for the measurement, round trip from the model's device."""
+    arch = model_arch(model)
+    experts = arch.moe[0].experts
+    layout = arch.layout(experts)
+    rows = torch.empty((experts.num_experts, layout.numel), dtype=layout.dtype)
+    layout.pack(experts, rows)
+    executor = HostExecutor()
+    try:
+        return measure_host_expert_s(executor, HostExecutor.clone(experts), layout, rows, model.config.hidden_size,
+                                     arch.top_k, next(experts.parameters()).device)
+    finally:
+        executor.close()

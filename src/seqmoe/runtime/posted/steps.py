@@ -1,7 +1,6 @@
-"""The posted engine's half of the controller: decode steps that post their routing (model thread)
-and are read back from the mailbox (control thread). `Controller` (`core/controller.py`) inherits
-it; the state it reads (the open forward, the mailbox, the control thread, the relay) is the
-controller's.
+"""The posted engine's controller: `Controller` (`core/controller.py`) with decode steps that post
+their routing (model thread) and are read back from the mailbox (control thread). Its parts (the
+fence, the mailbox, the relay, the control thread) come through its constructor.
 
 The model thread opens a posted step with `begin_posted` (or `graph_pre` for a step `DecodeGraph`
 opened itself), its router hooks `post` each layer's routing, and `end_posted` closes it, cutting it
@@ -12,19 +11,29 @@ the state machine in the inline engine's order (`decode_layer`) and drops a cut 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 import torch
 
+from seqmoe.runtime.core.controller import Controller, _Open
 from seqmoe.runtime.core.signals import critical
-
-if TYPE_CHECKING:
-    from seqmoe.runtime.core.controller import _Open
+from seqmoe.runtime.posted.control_thread import ControlThread
 
 
-class PostedSteps:
-    """Methods of `Controller` for posted decode steps (see the module doc)."""
+class PostedController(Controller):
+    """A `Controller` whose decode steps post their routing (see the module doc).
+
+    Args (beyond `Controller`'s):
+        fence: the pool's `ReadFence` (its ledger of forwards).
+        mailbox: the routing mailbox (`posted.mailbox.Mailbox`) the router hooks post to.
+        relay: the host CPU path of posted decode steps (`posted.host_relay.HostRelay`), or None.
+    The control thread (`posted.control_thread.ControlThread`) starts here; `thread.close()` ends it.
+    """
+
+    def __init__(self, system, num_layers: int, num_experts: int, top_k: int, meta, *, fence, mailbox, relay=None,
+                 **parts) -> None:
+        super().__init__(system, num_layers, num_experts, top_k, meta, **parts)
+        self.fence, self.mailbox, self.relay = fence, mailbox, relay
+        self.thread = ControlThread(self, mailbox, self.lock, on_stop=relay.abort if relay is not None else None)
 
     def begin_posted(self, token_input: torch.Tensor | None, rows: int = 1) -> None:
         """A decode step of `rows` rows that posts its routing starts (model thread): launch it on
@@ -60,6 +69,10 @@ class PostedSteps:
         o = self._open
         if self.relay is not None and o is not None and self.thread.launched > o.launched_before:
             self.relay.close_step(o.launched_before)
+
+    def _abort_posted(self, o: _Open) -> None:
+        self._cut(o)
+        self._close_relay_step()
 
     def _cut(self, o: _Open) -> None:
         """Tell the control thread how many layers the open decode step posted, if it launched one."""

@@ -39,7 +39,7 @@ from seqmoe.base.errors import UserError
 from seqmoe.costs.host_cost import host_fields
 from seqmoe.brain.manager.systems import SYSTEMS as ALL
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, full_load_token_s
-from seqmoe.runtime.core.costs import model_host_expert_s
+from seqmoe.runtime.eager.host_exec import model_host_expert_s
 from seqmoe.runtime.offload import measure_profile, offload
 from seqmoe.trace.schema import RoutingTrace
 

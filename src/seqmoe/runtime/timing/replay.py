@@ -31,7 +31,7 @@ from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.systems import SYSTEMS
 from seqmoe.runtime.timing.decode import expert_layer_seconds, measured_hardware
 from seqmoe.runtime.core import costs
-from seqmoe.runtime.core.costs import model_host_expert_s
+from seqmoe.runtime.eager.host_exec import model_host_expert_s
 from seqmoe.runtime.posted.graph import DecodeGraph
 from seqmoe.runtime.core.mapped import device_view
 from seqmoe.runtime.offload import measure_profile, offload

@@ -74,8 +74,9 @@ class CompiledManager(ManagerBase):
 
     takes_arrays = True
 
-    def __init__(self, system, *, model, hardware, capacity: int, start, observer=None) -> None:
-        super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer)
+    def __init__(self, system, *, model, hardware, capacity: int, start, observer=None, on_forecast=None) -> None:
+        super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer,
+                         on_forecast=on_forecast)
         if not compilable(system):
             raise ValueError(f"system {system.name!r} cannot run compiled; use MemoryManager")
         warm_up(type(self))  # load the kernels now, not inside the first decisions' time
@@ -220,7 +221,7 @@ class CompiledManager(ManagerBase):
             self._check_weights(weights)
             w = np.asarray(weights, dtype=np.float64)
         if self._plans:
-            fc = pred.predict(step_)
+            fc = self._forecast(step_)
             start, ok = step.layer(*self._plan_args, needed, mult, w, step_, reveal, self.buf,
                                            *self._forecast_args(fc))
         else:
@@ -242,7 +243,7 @@ class CompiledManager(ManagerBase):
         """A decision point without a reveal (token start): load the forecast, if any, and plan."""
         if not self._plans:
             return
-        fc = self.predictor.predict(step_)
+        fc = self._forecast(step_)
         ok = step.decide(*self._plan_args, *self._forecast_args(fc))
         if self.S[NEV]:
             self._deliver()
