@@ -3,11 +3,11 @@
 
     python benchmarks/serve_admission.py [--requests 16] [--max-batch 4] [--residency 0.3] [--rounds 3]
 
-Each rule gets a fresh engine (`serve.load.load_engine`, the engine `seqmoe serve` runs; jobs are
+Each rule gets a fresh batcher (`serve.load.start_batcher`, the batcher `seqmoe serve` runs; jobs are
 submitted to it directly, without HTTP, which would add the same cost to both) over an emulated
 link: every expert row that crosses it costs `--copy-us` (the cost model's bandwidth is set to
 match), so misses cost time as they would on a device. Per round every request is queued before the
-first is admitted (the engine is held by a call meanwhile); the workload mixes Python code and English
+first is admitted (the batcher is held by a call meanwhile); the workload mixes Python code and English
 prose prompts of different lengths and completion lengths (greedy). Reported per rule: tokens/s
 (completion tokens over the round's wall time; the median round), the pool's hit rate over the
 rounds (runtime stats, per activation), each request's wait from submission to admission (mean, max)
@@ -45,16 +45,16 @@ def workload(n: int) -> list[tuple[str, int]]:
 
 
 class Bench:
-    """One rule's engine (fresh runtime) and the rounds it ran."""
+    """One rule's batcher (fresh runtime) and the rounds it ran."""
 
     def __init__(self, rule: str, args, requests: list[tuple[str, int]]) -> None:
         from seqmoe.config import LoadConfig, OffloadConfig
-        from seqmoe.serve.startup import load_engine
+        from seqmoe.serve.startup import start_batcher
 
         expert_bytes = 3 * 160 * 80 * 4  # seqmoe-tiny: hidden 160, expert intermediate 80, fp32
         cfg = OffloadConfig(residency=args.residency, system=args.system, device="cpu", emulate_link=True,
                             hardware="h100-pcie5", bandwidth=expert_bytes / (args.copy_us * 1e-6))
-        self.served = load_engine(LoadConfig(model="seqmoe-tiny", threads=args.threads), cfg, max_batch=args.max_batch,
+        self.served = start_batcher(LoadConfig(model="seqmoe-tiny", threads=args.threads), cfg, max_batch=args.max_batch,
                                   queue_limit=len(requests), admission=rule)
         self.rule, self.requests, self.rounds = rule, requests, []
         self.ids = [self.served.tokenizer(p)["input_ids"] for p, _ in requests]
@@ -62,14 +62,14 @@ class Bench:
         self.start = self._snapshot()
 
     def _snapshot(self) -> tuple[dict, dict]:
-        engine = self.served.engine
-        return engine.call(self.served.runtime.stats).result(), engine.counts()
+        batcher = self.served.batcher
+        return batcher.call(self.served.runtime.stats).result(), batcher.counts()
 
     def round(self) -> dict:
         """Every request queued, then admitted by the rule; the round's wall time, texts, waits."""
         from seqmoe.serve.batcher import GenParams, Job
 
-        engine, requests, ids = self.served.engine, self.requests, self.ids
+        batcher, requests, ids = self.served.batcher, self.requests, self.ids
         n = len(requests)
         texts, first, admitted, done = [[] for _ in range(n)], [None] * n, [None] * n, threading.Semaphore(0)
         skipped = []
@@ -84,7 +84,7 @@ class Bench:
             return on
 
         jobs = [Job(prompt_ids=ids[i], params=GenParams(max_tokens=m), emit=emit(i)) for i, (_, m) in enumerate(requests)]
-        pick = engine.admission.pick
+        pick = batcher.admission.pick
 
         def timed_pick(waiting, lanes):
             c = pick(waiting, lanes)
@@ -92,17 +92,17 @@ class Bench:
             skipped.append(c > 0)
             return c
 
-        engine.admission.pick = timed_pick
+        batcher.admission.pick = timed_pick
         gate = threading.Event()
-        engine.call(gate.wait)
+        batcher.call(gate.wait)
         for j in jobs:
-            engine.submit(j)
+            batcher.submit(j)
         t0 = time.perf_counter()
         gate.set()
         for _ in jobs:
             done.acquire()
         wall = time.perf_counter() - t0
-        del engine.admission.pick
+        del batcher.admission.pick
         waits = [a - t0 for a in admitted]
         ttft = [f - t0 for f in first if f is not None]
         return {"wall_s": wall, "texts": ["".join(t) for t in texts], "waits": waits, "ttft": ttft,

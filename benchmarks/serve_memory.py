@@ -1,10 +1,10 @@
-"""Resident memory of `seqmoe serve`'s engine over many requests: it must level off, not grow per request.
+"""Resident memory of `seqmoe serve`'s batcher over many requests: it must level off, not grow per request.
 
     python benchmarks/serve_memory.py --system on-demand-lru --bursts 8
     python benchmarks/serve_memory.py --system seqmoe --control thread --json out.json
 
-seqmoe-tiny is loaded as `seqmoe serve` loads it (`load_engine`, on the CPU) and serves bursts of ten
-requests (greedy and seeded sampling, 30 tokens each) through its engine thread, without HTTP. After two
+seqmoe-tiny is loaded as `seqmoe serve` loads it (`start_batcher`, on the CPU) and serves bursts of ten
+requests (greedy and seeded sampling, 30 tokens each) through its batcher thread, without HTTP. After two
 warm-up bursts the process's RSS is printed after each burst, then the growth over the measured ones, the
 growth per request over their second half, and the Python allocations that grew most (tracemalloc). The
 forecaster of the `seqmoe` systems is trained for a few seconds on the packaged seqmoe-tiny trace (its
@@ -36,7 +36,7 @@ def _burst(served, prompts: list[list[int]], max_tokens: int) -> None:
                 done.set()
 
         params = GenParams(max_tokens=max_tokens, temperature=0.8 if i % 2 else 0.0, seed=i)
-        served.engine.submit(Job(prompt_ids=ids, params=params, emit=emit))
+        served.batcher.submit(Job(prompt_ids=ids, params=params, emit=emit))
         if not done.wait(120) or failed:
             raise SystemExit(f"request {i} did not finish: {failed or 'timed out'}")
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from seqmoe.brain.manager import system_spec
     from seqmoe.serve.api import rss_bytes
     from seqmoe.config import LoadConfig, OffloadConfig
-    from seqmoe.serve.startup import load_engine
+    from seqmoe.serve.startup import start_batcher
     from seqmoe.arch.tiny.traces import TRAIN_FILE
 
     train = str(TRAIN_FILE)
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
             predictor = str(Path(tmp) / "predictor")
             train_seq_predictor(load_trace(train), predictor, epochs=1, max_minutes=0.1, progress=False)
-        served = load_engine(LoadConfig(model="seqmoe-tiny", threads=1),
+        served = start_batcher(LoadConfig(model="seqmoe-tiny", threads=1),
                              OffloadConfig(residency=args.residency, system=args.system, device="cpu", train=train,
                                            predictor=predictor, control=args.control))
         try:

@@ -16,7 +16,7 @@ def __getattr__(name: str):
 
         return offload
     if name == "load":
-        from seqmoe.runtime.disk.load import load
+        from seqmoe.runtime.load import load
 
         return load
     if name == "quantize_experts":

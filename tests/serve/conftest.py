@@ -121,7 +121,7 @@ def _up(base: str) -> bool:
 
 
 class LiveServer(Server):
-    """The app on uvicorn in a thread of this process (`load_engine` kwargs: graph, queue_limit, ...)."""
+    """The app on uvicorn in a thread of this process (`start_batcher` kwargs: graph, queue_limit, ...)."""
 
     def __init__(self, **load) -> None:
         import uvicorn
@@ -129,12 +129,12 @@ class LiveServer(Server):
         from seqmoe.cli.serve import _bind
         from seqmoe.serve.api import create_app
         from seqmoe.config import LoadConfig, OffloadConfig
-        from seqmoe.serve.startup import load_engine
+        from seqmoe.serve.startup import start_batcher
 
         offload = {k: load.pop(k) for k in ("control", "miss", "train", "predictor") if k in load}
-        self.served = s = load_engine(LoadConfig(model=MODEL, threads=load.pop("threads", None)), OffloadConfig(residency=RESIDENCY, system=SYSTEM,
+        self.served = s = start_batcher(LoadConfig(model=MODEL, threads=load.pop("threads", None)), OffloadConfig(residency=RESIDENCY, system=SYSTEM,
                                                                              device="cpu", **offload), **load)
-        app = create_app(s.engine, s.tokenizer, model_name=s.name, context_length=s.context_length,
+        app = create_app(s.batcher, s.tokenizer, model_name=s.name, context_length=s.context_length,
                          temperature=s.temperature, top_p=s.top_p)
         sock = _bind("127.0.0.1", 0)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))

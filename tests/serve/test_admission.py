@@ -114,11 +114,11 @@ def test_fifo_takes_the_head_and_hooks_nothing(model):
 
 @pytest.fixture(scope="module")
 def served():
-    """One engine on seqmoe-tiny (r = 0.3, CPU, batches of 2); the tests swap its admission rule."""
+    """One batcher on seqmoe-tiny (r = 0.3, CPU, batches of 2); the tests swap its admission rule."""
     from seqmoe.config import LoadConfig, OffloadConfig
-    from seqmoe.serve.startup import load_engine
+    from seqmoe.serve.startup import start_batcher
 
-    s = load_engine(LoadConfig(model="seqmoe-tiny", threads=1),
+    s = start_batcher(LoadConfig(model="seqmoe-tiny", threads=1),
                     OffloadConfig(residency=0.3, system="on-demand-lru", device="cpu"), max_batch=2)
     yield s
     s.close()
@@ -126,10 +126,10 @@ def served():
 
 def _serve(served, prompts: list[list[int]], rule: str):
     """Each prompt's greedy text under admission `rule`, every job waiting before the first is admitted;
-    (texts, the order they were admitted in, the engine's counts)."""
-    engine = served.engine
-    engine.call(engine.admission.close).result()
-    engine.admission = adm = Admission(rule, engine.model, served.runtime, engine.max_batch)
+    (texts, the order they were admitted in, the batcher's counts)."""
+    batcher = served.batcher
+    batcher.call(batcher.admission.close).result()
+    batcher.admission = adm = Admission(rule, batcher.model, served.runtime, batcher.max_batch)
     texts = [[] for _ in prompts]
     done = threading.Semaphore(0)
     order: list[int] = []
@@ -146,13 +146,13 @@ def _serve(served, prompts: list[list[int]], rule: str):
     pick = adm.pick
     adm.pick = lambda waiting, lanes: order.append(jobs.index(waiting[(c := pick(waiting, lanes))])) or c
     gate = threading.Event()
-    engine.call(gate.wait)  # the engine waits until every job is queued
+    batcher.call(gate.wait)  # the batcher waits until every job is queued
     for j in jobs:
-        engine.submit(j)
+        batcher.submit(j)
     gate.set()
     for _ in jobs:
         assert done.acquire(timeout=120)
-    return ["".join(t) for t in texts], order, engine.counts()
+    return ["".join(t) for t in texts], order, batcher.counts()
 
 
 def test_overlap_reorders_admission_and_every_request_keeps_its_greedy_text(served):

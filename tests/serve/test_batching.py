@@ -87,7 +87,7 @@ def test_a_request_leaving_mid_batch_and_seeded_sampling_leave_the_others_exact(
 def test_a_failing_decode_step_fails_its_batch_and_the_next_requests_are_served(batched):
     client = batched.client()
     want = [complete(client, p, max_tokens=10, temperature=0) for p in PROMPTS[:2]]
-    model = batched.served.engine.model
+    model = batched.served.batcher.model
     before = wait_for(batched.idle, what="an idle server")["server"]
     calls, both = [], threading.Barrier(2)
 

@@ -47,7 +47,7 @@ def test_past_the_queue_limit_a_429_and_waiting_clients_that_leave_free_their_pl
 def test_a_failing_forward_is_a_500_and_the_next_request_is_served(small_queue):
     client = small_queue.client()
     want = complete(client, PROMPTS[1], max_tokens=8)
-    model = small_queue.served.engine.model
+    model = small_queue.served.batcher.model
     calls = []
 
     def broken(*args, **kwargs):

@@ -124,7 +124,7 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(cli_server)
     assert s["failed"] == 0 and not s["running"]
 
 
-def test_a_client_that_disconnects_mid_stream_frees_the_engine(cli_server):
+def test_a_client_that_disconnects_mid_stream_frees_the_batcher(cli_server):
     client = cli_server.client()
     before = wait_for(cli_server.idle, what="an idle server")["server"]
     stream = client.completions.create(model=MODEL, prompt=PROMPTS[2], max_tokens=200, stream=True)

@@ -5,7 +5,7 @@
         -d '{"model": "seqmoe-tiny", "prompt": "def parse(", "max_tokens": 32}'
 
 The model is loaded once on the CPU and offloaded as `seqmoe generate` does (same flags); one
-engine thread decodes up to `--max-batch` requests together, the others wait in a queue (`--queue-limit`; who
+batcher thread decodes up to `--max-batch` requests together, the others wait in a queue (`--queue-limit`; who
 leaves it first: `--admission`).
 `add_serve_commands(subparsers)` registers the command (src/seqmoe/cli/__init__.py). Bad input raises
 `UserError`; fastapi and uvicorn are the `serve` extra and are imported only when it runs.
@@ -100,10 +100,10 @@ def run_serve(args) -> int:
         from seqmoe.serve.api import create_app
     except ImportError as e:
         raise UserError(f"seqmoe serve needs fastapi and uvicorn ({e}); install them: pip install 'seqmoe[serve]'") from None
-    from seqmoe.serve.startup import load_engine
+    from seqmoe.serve.startup import start_batcher
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
-    served = load_engine(load, cfg, graph=args.graph, queue_limit=args.queue_limit,
+    served = start_batcher(load, cfg, graph=args.graph, queue_limit=args.queue_limit,
                          max_batch=args.max_batch, admission=args.admission,
                          context_length=args.context_length, chat_template=args.chat_template,
                          name=args.served_model_name, progress=progress(args))
@@ -111,7 +111,7 @@ def run_serve(args) -> int:
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     print(f"seqmoe: serving {served.name} on {url}/v1 ({served.summary}); stats at {url}/stats", file=sys.stderr,
           flush=True)
-    app = create_app(served.engine, served.tokenizer, model_name=served.name, context_length=served.context_length,
+    app = create_app(served.batcher, served.tokenizer, model_name=served.name, context_length=served.context_length,
                      temperature=served.temperature, top_p=served.top_p)
     config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
     try:

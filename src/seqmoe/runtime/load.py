@@ -1,7 +1,14 @@
-"""A checkpoint loaded and offloaded: what `seqmoe generate` and `seqmoe serve` do before they decode.
+"""Loading a checkpoint under the runtime: `seqmoe.load` (its routed experts streamed from disk), and
+what `seqmoe generate` and `seqmoe serve` do before they decode (`load_offloaded`).
 
+    model, runtime = seqmoe.load("path/to/checkpoint", residency=0.1, host_memory="8GiB")
     loaded = load_offloaded(LoadConfig(model="seqmoe-tiny"), OffloadConfig(residency=0.3), needs="...")
     loaded.model, loaded.tokenizer, loaded.runtime
+
+`load` builds the model with its dense part read from the checkpoint and its routed experts never
+in memory (`disk.skeleton.load_skeleton`); `offload` then runs it over a device pool of C slots and
+a host cache of `host_memory` bytes of expert rows in front of the checkpoint's files (`disk.plan`,
+`disk.host_cache`).
 
 The training trace is read first (a bad file fails before the model loads); the seqmoe systems
 given no forecaster learn theirs online (`seqmoe.brain.predict.online`), no training step first. The model is loaded on the CPU and then offloaded
@@ -16,9 +23,53 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from seqmoe.config import LoadConfig, OffloadConfig
-from seqmoe.base.errors import UserError
+import torch
+
+from seqmoe.arch.collect import load_model
+from seqmoe.arch.collect.models import load_tokenizer
 from seqmoe.arch.model_dirs import has_tokenizer_files, resolve_model_dir
+from seqmoe.base.errors import UserError
+from seqmoe.brain.manager import capacity_for
+from seqmoe.brain.manager.placement import capacity_for_bytes
+from seqmoe.config import LoadConfig, OffloadConfig
+from seqmoe.costs.precision import format_bytes, parse_bytes
+from seqmoe.runtime.core.device import resolve_device
+from seqmoe.runtime.disk.plan import plan_disk
+from seqmoe.runtime.disk.skeleton import load_skeleton
+from seqmoe.runtime.offload import offload
+from seqmoe.trace.io import load_trace
+
+
+def load(path, residency: float | None = None, *, host_memory=None, dtype=None, config: OffloadConfig | None = None,
+         **options):
+    """(model, runtime): the `*ForCausalLM` in the checkpoint folder `path`, its routed experts
+    streamed from disk through a host cache of `host_memory` bytes (default: room for all of them).
+
+    Args:
+        residency, host_memory, **options: fields of `seqmoe.config.OffloadConfig` (e.g. system=,
+            expert_memory=, miss=, device=); `config`: all of them at once.
+        dtype: the dense part's and the host rows' dtype (default: the checkpoint config's).
+    """
+    given = {k: v for k, v in (("residency", residency), ("host_memory", host_memory)) if v is not None} | options
+    cfg = dataclasses.replace(config, **given) if config is not None else OffloadConfig(**given)
+
+    def check(model, arch, layout):  # both budgets, before the dense part is read
+        L, E, K = len(arch.moe), arch.num_experts, arch.top_k
+        plan_disk(path, cfg, layout, L, E, K)
+        if cfg.residency is not None:
+            capacity_for(cfg.residency, L, E, K)
+        elif cfg.expert_memory is not None:
+            budget = parse_bytes(cfg.expert_memory, "expert_memory")
+            capacity_for_bytes(budget, layout.expert_bytes, L, E, K, f"expert_memory {format_bytes(budget)}")
+
+    model, skeleton = load_skeleton(path, dtype, check=check)
+    files = skeleton.open_files()
+    try:
+        runtime = offload(model, config=cfg, source=files)
+    except BaseException:
+        files.close()
+        raise
+    return model, runtime
 
 
 @dataclass(frozen=True)
@@ -30,35 +81,25 @@ class Loaded:
     """Its `OffloadRuntime`."""
 
 
-def load_offloaded(load: LoadConfig, cfg: OffloadConfig, *, needs: str, progress: bool = False) -> Loaded:
-    """Load `load.model` with its tokenizer and offload it as `cfg` says; `needs`: why a tokenizer is
+def load_offloaded(load_cfg: LoadConfig, cfg: OffloadConfig, *, needs: str, progress: bool = False) -> Loaded:
+    """Load `load_cfg.model` with its tokenizer and offload it as `cfg` says; `needs`: why a tokenizer is
     needed (said when the folder has none, before anything loads)."""
-    if not has_tokenizer_files(resolve_model_dir(load.model)):
-        raise UserError(f"{load.model} has no tokenizer files; {needs}")
-    import torch
-
-    from seqmoe.arch.collect import load_model
-    from seqmoe.runtime.core.device import resolve_device
-    from seqmoe.runtime.offload import offload
-    from seqmoe.trace.io import load_trace
-
-    if load.threads:
-        torch.set_num_threads(load.threads)
+    if not has_tokenizer_files(resolve_model_dir(load_cfg.model)):
+        raise UserError(f"{load_cfg.model} has no tokenizer files; {needs}")
+    if load_cfg.threads:
+        torch.set_num_threads(load_cfg.threads)
     if isinstance(cfg.train, (str, os.PathLike)):  # a bad file fails before the model loads
         cfg = dataclasses.replace(cfg, train=load_trace(cfg.train))
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
     cfg = dataclasses.replace(cfg, device=str(device))
     if cfg.host_memory is not None:  # the experts stay on disk: build the model without them
-        from seqmoe.arch.collect.models import load_tokenizer
-        from seqmoe.runtime.disk.load import load as load_streamed
-
-        tokenizer = load_tokenizer(resolve_model_dir(load.model))
+        tokenizer = load_tokenizer(resolve_model_dir(load_cfg.model))
         if tokenizer is None:
-            raise UserError(f"{load.model}'s tokenizer files do not load; {needs}")
-        model, runtime = load_streamed(resolve_model_dir(load.model), dtype=None if load.dtype == "auto" else load.dtype,
-                                       config=cfg)
+            raise UserError(f"{load_cfg.model}'s tokenizer files do not load; {needs}")
+        model, runtime = load(resolve_model_dir(load_cfg.model), config=cfg,
+                              dtype=None if load_cfg.dtype == "auto" else load_cfg.dtype)
         return Loaded(model, tokenizer, runtime)
-    model, tokenizer = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress)
+    model, tokenizer = load_model(load_cfg.model, device="cpu", dtype=load_cfg.dtype, progress=progress)
     if tokenizer is None:
-        raise UserError(f"{load.model}'s tokenizer files do not load; {needs}")
+        raise UserError(f"{load_cfg.model}'s tokenizer files do not load; {needs}")
     return Loaded(model, tokenizer, offload(model, config=cfg))

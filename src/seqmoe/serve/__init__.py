@@ -1,10 +1,10 @@
 """`seqmoe serve`: an OpenAI-compatible HTTP server for an offloaded MoE model.
 
-    HTTP handlers (api) ──► queue of jobs (--admission) ──► Engine thread (engine) ──► offloaded model (seqmoe.runtime)
+    HTTP handlers (api) ──► queue of jobs (--admission) ──► Batcher thread (batcher) ──► offloaded model (seqmoe.runtime)
           ▲                                        │
           └──── text deltas, finish, usage ◄───────┘
 
-`load` loads and offloads the model and starts its `Engine`; `api.create_app` is the FastAPI app;
+`load` loads and offloads the model and starts its `Batcher`; `api.create_app` is the FastAPI app;
 `sampling` holds the pure parts (token choice, stop sequences). Needs the `serve` extra
 (fastapi, uvicorn) besides torch and transformers.
 """

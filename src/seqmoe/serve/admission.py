@@ -43,13 +43,13 @@ def overlap_choice(forecasts: np.ndarray, target: np.ndarray) -> int:
 
 
 class Admission:
-    """The admission rule of one engine, and what the overlap rule learns of the routing (module doc).
+    """The admission rule of one batcher, and what the overlap rule learns of the routing (module doc).
 
     Args:
         rule: one of `ADMISSIONS`.
         model: the served model (its routers are hooked under `overlap` with `max_batch` > 1).
         runtime: its `OffloadRuntime` (the pool's resident experts), or None (fully loaded: none).
-        max_batch: the engine's batch size; at 1 a free row finds the batch empty, so FIFO.
+        max_batch: the batcher's batch size; at 1 a free row finds the batch empty, so FIFO.
     """
 
     def __init__(self, rule: str, model, runtime, max_batch: int) -> None:

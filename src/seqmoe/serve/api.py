@@ -1,6 +1,6 @@
-"""The HTTP side of `seqmoe serve`: an OpenAI-compatible FastAPI app in front of one `Engine`.
+"""The HTTP side of `seqmoe serve`: an OpenAI-compatible FastAPI app in front of one `Batcher`.
 
-    app = create_app(engine, tokenizer, model_name="seqmoe-tiny", context_length=256)
+    app = create_app(batcher, tokenizer, model_name="seqmoe-tiny", context_length=256)
     uvicorn.run(app, host="127.0.0.1", port=8000)
 
 Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (with
@@ -27,18 +27,18 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from seqmoe.runtime.proc import status_bytes
-from seqmoe.serve.batcher import Engine, GenParams, Job, QueueFull
+from seqmoe.serve.batcher import Batcher, GenParams, Job, QueueFull
 from seqmoe.serve.schemas import APIError, ChatRequest, CompletionRequest, error_body
 
 DEFAULT_COMPLETION_TOKENS = 16
 """max_tokens of a completion that does not say (OpenAI's default); a chat reply may fill the context."""
 
 
-def create_app(engine: Engine, tokenizer, *, model_name: str, context_length: int, temperature: float = 0.0,
+def create_app(batcher: Batcher, tokenizer, *, model_name: str, context_length: int, temperature: float = 0.0,
                top_p: float = 1.0) -> FastAPI:
-    """The app. `tokenizer` is copied (the engine thread decodes with its own); `temperature` and
+    """The app. `tokenizer` is copied (the batcher thread decodes with its own); `temperature` and
     `top_p` are the defaults of requests that do not set them."""
-    api = _Api(engine, copy.deepcopy(tokenizer), model_name, context_length, temperature, top_p)
+    api = _Api(batcher, copy.deepcopy(tokenizer), model_name, context_length, temperature, top_p)
     app = FastAPI(title="seqmoe", description="OpenAI-compatible server for an offloaded MoE model")
     app.state.api = api
 
@@ -88,9 +88,9 @@ def _validation_body(exc: RequestValidationError) -> dict:
 
 
 class _Api:
-    def __init__(self, engine: Engine, tokenizer, model_name: str, context_length: int, temperature: float,
+    def __init__(self, batcher: Batcher, tokenizer, model_name: str, context_length: int, temperature: float,
                  top_p: float) -> None:
-        self.engine, self.tokenizer, self.name = engine, tokenizer, model_name
+        self.batcher, self.tokenizer, self.name = batcher, tokenizer, model_name
         self.context_length, self.temperature, self.top_p = context_length, temperature, top_p
         self.created = int(time.time())
         self.open_requests = 0  # completion handlers and streams not yet closed (a leak shows here)
@@ -162,7 +162,7 @@ class _Api:
 
     def _params(self, body, n: int, max_tokens: int | None, default_max: int | None) -> GenParams:
         if body.n not in (None, 1):
-            raise APIError(400, f"n must be 1 (the engine decodes one sequence per request), got {body.n}", param="n")
+            raise APIError(400, f"n must be 1 (the batcher decodes one sequence per request), got {body.n}", param="n")
         if body.logprobs not in (None, False, 0):
             raise APIError(400, "logprobs are not supported", param="logprobs")
         ctx = self.context_length
@@ -197,7 +197,7 @@ class _Api:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue = asyncio.Queue()
 
-        def emit(*event) -> None:  # called on the engine thread
+        def emit(*event) -> None:  # called on the batcher thread
             try:
                 loop.call_soon_threadsafe(events.put_nowait, event)
             except RuntimeError:  # the event loop has closed (server shutting down)
@@ -205,7 +205,7 @@ class _Api:
 
         job = Job(prompt_ids=ids, params=params, emit=emit)
         try:
-            self.engine.submit(job)
+            self.batcher.submit(job)
         except QueueFull as e:
             raise APIError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
                            code="queue_full") from None
@@ -217,7 +217,7 @@ class _Api:
                 state["closed"] = True
                 self.open_requests -= 1
                 if not state["ended"]:
-                    self.engine.cancel(job)
+                    self.batcher.cancel(job)
 
         reply = _Reply(self.name, chat)
         if body.stream:
@@ -274,9 +274,9 @@ class _Api:
             close()
 
     async def stats(self) -> dict:
-        runtime = self.engine.runtime
-        rt = await asyncio.wrap_future(self.engine.call(runtime.stats)) if runtime is not None else None
-        server = {**self.engine.counts(), "open_requests": self.open_requests}
+        runtime = self.batcher.runtime
+        rt = await asyncio.wrap_future(self.batcher.call(runtime.stats)) if runtime is not None else None
+        server = {**self.batcher.counts(), "open_requests": self.open_requests}
         return {"model": self.name, "server": server, "runtime": rt, "rss_bytes": rss_bytes()}
 
 

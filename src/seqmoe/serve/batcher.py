@@ -1,20 +1,20 @@
-"""One engine thread that owns an offloaded model and decodes its requests in a running batch.
+"""One batcher thread that owns an offloaded model and decodes its requests in a running batch.
 
-    engine = Engine(runtime, tokenizer, queue_limit=32, max_batch=8)   # starts its thread
+    batcher = Batcher(runtime, tokenizer, queue_limit=32, max_batch=8)   # starts its thread
     job = Job(prompt_ids=[...], params=GenParams(max_tokens=32), emit=callback)
-    engine.submit(job)                                        # QueueFull past queue_limit waiting jobs
-    engine.cancel(job)                                        # a waiting job leaves the queue; a running one stops after its token
-    engine.call(fn).result()                                  # fn() on the engine thread, between two steps
-    engine.close()
+    batcher.submit(job)                                        # QueueFull past queue_limit waiting jobs
+    batcher.cancel(job)                                        # a waiting job leaves the queue; a running one stops after its token
+    batcher.call(fn).result()                                  # fn() on the batcher thread, between two steps
+    batcher.close()
 
 Continuous batching: between two decode steps, waiting jobs join the running batch (up to `max_batch`
 rows; which job first: `serve.admission`, FIFO by default) by a prompt forward of their own, and finished or cancelled ones leave; each
 decode step is one forward over every running row (`serve.kv.BatchKV`: a left-padded cache and its
 mask), each row on its own lane of the runtime (`OffloadRuntime.use_lanes`), so each sequence keeps
 its forecaster state. torch is not re-entrant, so every forward (and `runtime.stats()`) runs on this
-thread; HTTP handlers only enqueue jobs and receive events through `emit`, which the engine calls
+thread; HTTP handlers only enqueue jobs and receive events through `emit`, which the batcher calls
 from its thread: ("text", delta), then ("done", finish_reason, usage) or ("error", message). A
-cancelled job gets no more events. Cancelling never interrupts a forward: the engine looks at the
+cancelled job gets no more events. Cancelling never interrupts a forward: the batcher looks at the
 jobs' flags after each step, so the runtime's state stays consistent.
 """
 
@@ -40,7 +40,7 @@ from seqmoe.serve.sampling import TextStream, choose_token
 
 
 class QueueFull(Exception):
-    """The engine already has `queue_limit` jobs waiting."""
+    """The batcher already has `queue_limit` jobs waiting."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,7 +72,7 @@ class Job:
 
 @dataclass
 class ServerCounts:
-    """What the engine has served (read through `Engine.counts()`)."""
+    """What the batcher has served (read through `Batcher.counts()`)."""
 
     received: int = 0
     completed: int = 0
@@ -85,7 +85,7 @@ class ServerCounts:
     busy_s: float = 0.0          # wall seconds with jobs running or waiting
 
 
-class Engine:
+class Batcher:
     """The decode thread of `seqmoe serve` (see the module docstring).
 
     Args:
@@ -124,7 +124,7 @@ class Engine:
         self._calls: collections.deque[tuple[Callable, Future]] = collections.deque()
         self._cv = threading.Condition()
         self._closing = False
-        self._thread = threading.Thread(target=self._loop, name="seqmoe-engine", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="seqmoe-batcher", daemon=True)
         self._thread.start()
 
     # --- called from other threads -------------------------------------------------------------
@@ -132,7 +132,7 @@ class Engine:
     def submit(self, job: Job) -> None:
         with self._cv:
             if self._closing:
-                raise RuntimeError("the engine is closed")
+                raise RuntimeError("the batcher is closed")
             # jobs that would wait once this one is in (free rows of the batch take jobs at once)
             if len(self._jobs) + 1 - max(0, self.max_batch - len(self._rows)) > self.queue_limit:
                 self.counts_.rejected += 1
@@ -152,11 +152,11 @@ class Engine:
                 self.counts_.cancelled += 1
 
     def call(self, fn: Callable[[], object]) -> Future:
-        """Run fn() on the engine thread (between two steps, or at once when idle); its future."""
+        """Run fn() on the batcher thread (between two steps, or at once when idle); its future."""
         fut: Future = Future()
         with self._cv:
             if self._closing:
-                raise RuntimeError("the engine is closed")
+                raise RuntimeError("the batcher is closed")
             self._calls.append((fn, fut))
             self._cv.notify()
         return fut
@@ -182,7 +182,7 @@ class Engine:
         self._thread.join()
         self.admission.close()
 
-    # --- the engine thread ---------------------------------------------------------------------
+    # --- the batcher thread ---------------------------------------------------------------------
 
     def _loop(self) -> None:
         while True:

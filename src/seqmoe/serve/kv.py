@@ -27,7 +27,7 @@ def batchable(cache) -> bool:
 
 
 def why_one_at_a_time(runtime, graph, cache) -> str | None:
-    """Why the engine must decode one request at a time (None: it may batch)."""
+    """Why the batcher must decode one request at a time (None: it may batch)."""
     if graph is not None:
         return "DecodeGraph decodes rows that start together, not requests that join and leave"
     if not batchable(cache):

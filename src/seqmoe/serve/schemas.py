@@ -1,6 +1,6 @@
 """Request bodies of the OpenAI-compatible endpoints and the OpenAI error shape.
 
-Fields the engine cannot honour are rejected with a 400 (`n` other than 1, `logprobs`, `echo`,
+Fields the batcher cannot honour are rejected with a 400 (`n` other than 1, `logprobs`, `echo`,
 `best_of`); other unknown fields are ignored, as OpenAI-compatible servers do. Values are checked
 in `seqmoe.serve.api` so the messages can say what to send instead.
 """

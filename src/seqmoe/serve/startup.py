@@ -1,10 +1,10 @@
-"""Load, offload and wrap a model in an `Engine`: what `seqmoe serve` does before it listens.
+"""Load, offload and wrap a model in an `Batcher`: what `seqmoe serve` does before it listens.
 
-    served = load_engine(LoadConfig(model="seqmoe-tiny"), OffloadConfig(residency=0.3, device="cpu"))
-    app = create_app(served.engine, served.tokenizer, model_name=served.name,
+    served = start_batcher(LoadConfig(model="seqmoe-tiny"), OffloadConfig(residency=0.3, device="cpu"))
+    app = create_app(served.batcher, served.tokenizer, model_name=served.name,
                      context_length=served.context_length, temperature=served.temperature, top_p=served.top_p)
     ...
-    served.close()   # stops the engine, then the runtime
+    served.close()   # stops the batcher, then the runtime
 
 Loading is `seqmoe generate`'s (`seqmoe.runtime.load.load_offloaded`), with no routing trace kept:
 a long-running server would grow by every position's routing.
@@ -18,14 +18,14 @@ from pathlib import Path
 
 from seqmoe.config import LoadConfig, OffloadConfig
 from seqmoe.base.errors import UserError
-from seqmoe.serve.batcher import Engine
+from seqmoe.serve.batcher import Batcher
 
 
 @dataclass
 class Served:
-    """A loaded, offloaded model behind its engine, and what the HTTP side needs to know of it."""
+    """A loaded, offloaded model behind its batcher, and what the HTTP side needs to know of it."""
 
-    engine: Engine
+    batcher: Batcher
     runtime: object
     tokenizer: object
     name: str
@@ -35,15 +35,15 @@ class Served:
     summary: str
 
     def close(self) -> None:
-        self.engine.close()
+        self.batcher.close()
         self.runtime.close()
 
 
-def load_engine(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, queue_limit: int = 32,
+def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, queue_limit: int = 32,
                 max_batch: int = 8, context_length: int | None = None, chat_template: str | None = None, name: str | None = None,
                 progress: bool = False, admission: str = "fifo") -> Served:
     """Load `load.model`, offload it as `cfg` says (`graph`: with thread control, decoding greedy requests
-    with `DecodeGraph`), start its engine.
+    with `DecodeGraph`), start its batcher.
 
     Args mirror `seqmoe serve`'s flags; `chat_template` is a file with a Jinja template;
     `context_length` caps prompt + completion (default: the model's `max_position_embeddings`).
@@ -67,7 +67,7 @@ def load_engine(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, qu
             from seqmoe.runtime import DecodeGraph
 
             decode_graph = DecodeGraph(runtime, limit)
-        engine = Engine(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, graph=decode_graph,
+        batcher = Batcher(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, graph=decode_graph,
                         admission=admission)
     except BaseException:
         runtime.restore()
@@ -77,8 +77,8 @@ def load_engine(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, qu
     s = runtime.stats()
     summary = (f"system {cfg.system}, residency {s['residency']:.4g}: {s['capacity']} of {s['num_layers'] * s['num_experts']} "
                f"{s['expert_dtype']} experts in slots on {s['device']}, control {s['control']}{', graph' if graph else ''}; "
-               f"context {limit}, queue limit {queue_limit}, batch up to {engine.max_batch}, admission {admission}"
-               + (f" ({engine.batch_note})" if engine.batch_note and max_batch > 1 else ""))
-    return Served(engine=engine, runtime=runtime, tokenizer=tok, name=name or Path(str(load.model)).name,
+               f"context {limit}, queue limit {queue_limit}, batch up to {batcher.max_batch}, admission {admission}"
+               + (f" ({batcher.batch_note})" if batcher.batch_note and max_batch > 1 else ""))
+    return Served(batcher=batcher, runtime=runtime, tokenizer=tok, name=name or Path(str(load.model)).name,
                   context_length=limit, temperature=float(gc.temperature or 1.0) if sampled else 0.0,
                   top_p=float(gc.top_p or 1.0) if sampled else 1.0, summary=summary)

@@ -8,7 +8,7 @@ runtime's control plane (over a live model's routers):
     driver.token_start(token_id, new_request); driver.reveal(layer, ids); driver.layer_end(layer)
     summarize(driver.finish(), expert_bytes=model_profile.expert_bytes)
 
-Parts: `state` (the state machine and its `System` of policy, predictor and scheduler), `engine`
+Parts: `state` (the state machine and its `System` of policy, predictor and scheduler), `channel`
 (the copy channel), `driver` (the clock and the call order), `placement` (capacity, start
 placement, the checks of the inputs), `counts` (counts and the metric summary), `systems` (the
 named systems and what each declares).

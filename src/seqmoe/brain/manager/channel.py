@@ -1,7 +1,7 @@
-"""The copy engine: one host-to-device channel, copies one at a time.
+"""The copy channel: one host-to-device channel, copies one at a time.
 
 Rules (docs/DESIGN.md): a demand copy goes ahead of queued prefetches but does not interrupt the running
-copy; queued prefetches run earliest deadline first. The engine is advanced lazily: the caller
+copy; queued prefetches run earliest deadline first. The channel is advanced lazily: the caller
 moves time forward with `advance(t)` before issuing anything at time t, so every queued copy was
 issued while the channel was busy.
 
@@ -19,7 +19,7 @@ from collections import deque
 INF = float("inf")
 
 
-class CopyEngine:
+class CopyChannel:
     """One copy channel.
 
     Args:
@@ -143,7 +143,7 @@ class CopyEngine:
 
     def _span(self, keys, copies: int = 0) -> float:
         """Seconds of the transfers under `keys` and `copies` more copies (counted, then priced: the
-        compiled engine's arithmetic)."""
+        compiled channel's arithmetic)."""
         twins = sum(1 for k in keys if k < self._twin_below) if self.twin_time_s is not None else 0
         span = (len(keys) - twins + copies) * self.copy_time_s
         return span + twins * self.twin_time_s if twins else span

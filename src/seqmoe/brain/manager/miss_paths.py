@@ -147,7 +147,7 @@ def pick_twins(missing: np.ndarray, weights: np.ndarray, left: float) -> np.ndar
 def twin_waits_for_cpu(m, now: float) -> bool:
     """Memory manager `m` (its `miss` cpu or auto) would have the host CPU finish an expert handed
     over at `now` before a twin read queued now ends on the link."""
-    return m.miss.may_use_host_cpu and m.lane is not None and m.lane.next_end(now) < m.engine.next_demand_end(now, True)
+    return m.miss.may_use_host_cpu and m.lane is not None and m.lane.next_end(now) < m.channel.next_demand_end(now, True)
 
 
 def paths_bound_time_s(*, full_load_time_s: float, activations: int, per_expert_s: float, copy_time_s: float,
@@ -169,11 +169,11 @@ def auto_path(m, uid: int, now: float) -> tuple[MissPath, int | None]:
     copy). `auto` may also take `CPU_COPY`, when the expert is worth its slot."""
     if m.miss.path is not None:
         return m.miss.path, None
-    link = m.engine.next_demand_end(now)
+    link = m.channel.next_demand_end(now)
     on_cpu = m.lane is not None and m.lane.next_end(now) < link
     worth, victim = _worth_a_slot(m, uid)
     if on_cpu:
-        idle = m.engine.backlog_end(now) <= now
+        idle = m.channel.backlog_end(now) <= now
         return (CPU_COPY, victim) if worth and idle else (CPU, None)
     return (COPY, victim) if worth else (IN_PLACE, None)
 

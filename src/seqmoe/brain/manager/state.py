@@ -1,4 +1,4 @@
-"""The memory manager's state machine: slots, the copy engine, and the system deciding over them.
+"""The memory manager's state machine: slots, the copy channel, and the system deciding over them.
 
 docs/DESIGN.md's protocol, one position (token, layer) at a time. Each token first pays the non-MoE
 time (dense layers, lm_head), then passes the L MoE layers. At a layer: the non-expert part
@@ -22,19 +22,19 @@ import numpy as np
 
 from seqmoe.brain.manager.base import PACE_WEIGHT, ManagerBase, PoolObserver, System
 from seqmoe.brain.manager.counts import SimCounts
-from seqmoe.brain.manager.channel import CopyEngine, in_place_key, twin_key
+from seqmoe.brain.manager.channel import CopyChannel, in_place_key, twin_key
 from seqmoe.brain.manager.miss_paths import CPU, IN_PLACE, TWIN, auto_path, pick_twins, twin_waits_for_cpu
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile
 
 class MemoryManager(ManagerBase):
-    """Slots, copy engine and counts of one run, decided by `system` (Python objects, any policy,
+    """Slots, copy channel and counts of one run, decided by `system` (Python objects, any policy,
     predictor and scheduler); also the `PoolView` its scheduler sees. Arguments: `ManagerBase`."""
 
     def __init__(self, system: System, *, model: ModelProfile, hardware: HardwareProfile, capacity: int, start,
                  observer: PoolObserver | None = None, on_forecast=None) -> None:
         super().__init__(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer,
                          on_forecast=on_forecast)
-        self.engine = CopyEngine(self.copy_time_s, self.num_layers * self.num_experts, self.twin_time_s)
+        self.channel = CopyChannel(self.copy_time_s, self.num_layers * self.num_experts, self.twin_time_s)
         n = self.num_layers * self.num_experts
         self._present = bytearray(n)
         self._unused_prefetch = bytearray(n)
@@ -59,7 +59,7 @@ class MemoryManager(ManagerBase):
         """Serve the miss of `uid` (its `activations` rows) by an in-place read queued at `reveal`;
         the layer waits for it."""
         key = in_place_key(uid)
-        self.engine.demand(key, reveal)
+        self.channel.demand(key, reveal)
         waiting.append(key)
         self.c.in_place += activations
         if self.observer is not None:
@@ -77,11 +77,11 @@ class MemoryManager(ManagerBase):
     @property
     def copies(self) -> int:
         """Copies started so far, demand and prefetch."""
-        return self.engine.started
+        return self.channel.started
 
     def finish(self) -> None:
         """The run ended: every queued copy runs (and counts)."""
-        self.engine.advance(float("inf"))
+        self.channel.advance(float("inf"))
 
     # -- PoolView -------------------------------------------------------------------------------
     def present(self, uid: int) -> bool:
@@ -102,7 +102,7 @@ class MemoryManager(ManagerBase):
         return self.now + (step - self.step) * self.pace_s + tokens_crossed * self.token_s
 
     def backlog_end(self) -> float:
-        return self.engine.backlog_end(self.now)
+        return self.channel.backlog_end(self.now)
 
     def victim(self, incoming: int) -> int | None:
         if self.num_present < self.capacity:
@@ -117,13 +117,13 @@ class MemoryManager(ManagerBase):
         self._load(uid, self.step)
         self._unused_prefetch[uid] = 1
         self.c.prefetches += 1
-        self.engine.prefetch(uid, deadline_step, self.now)
+        self.channel.prefetch(uid, deadline_step, self.now)
         if self.observer is not None:
             self.observer.on_load(uid, False, deadline_step)
         return True
 
     def cancel(self, uid: int) -> bool:
-        if uid not in self._pending or not self._unused_prefetch[uid] or not self.engine.cancel(uid):
+        if uid not in self._pending or not self._unused_prefetch[uid] or not self.channel.cancel(uid):
             return False  # not a queued prefetch: running, done, a demand copy, or needed now
         self._free_cancelled(uid)
         return True
@@ -152,7 +152,7 @@ class MemoryManager(ManagerBase):
 
     def _reclaim_prefetch(self, needed: list[int]) -> bool:
         """Every slot is pinned: cancel the queued prefetch needed last and take its slot."""
-        uid = self.engine.cancel_latest_prefetch(needed)
+        uid = self.channel.cancel_latest_prefetch(needed)
         if uid is None:
             return False
         self._free_cancelled(uid)
@@ -163,11 +163,11 @@ class MemoryManager(ManagerBase):
         prefetch in flight). The demand copy of `uid` would queue behind the running copy anyway:
         let that copy land first (a prefetch for a later layer then becomes evictable, its copy
         wasted; an expert of this layer stays pinned to the layer's end) and make room."""
-        t = self.engine.running_until()
+        t = self.channel.running_until()
         if t is None:
             return False
         keep = set(needed)
-        for u in self.engine.advance(t):
+        for u in self.channel.advance(t):
             self._pending.discard(u)
             if u in keep:
                 added.append(u)  # unpinned with the layer's other experts at its end
@@ -194,7 +194,7 @@ class MemoryManager(ManagerBase):
         self.system.policy.insert(uid, step)
 
     def _finish_copies(self, t: float) -> None:
-        for uid in self.engine.advance(t):
+        for uid in self.channel.advance(t):
             self._pending.discard(uid)
             self.pinned.discard(uid)
 
@@ -216,7 +216,7 @@ class MemoryManager(ManagerBase):
             mult = [1] * len(needed)
         self.step, self.now = step, reveal
         self._finish_copies(reveal)
-        c, policy, engine, present = self.c, self.system.policy, self.engine, self._present
+        c, policy, channel, present = self.c, self.system.policy, self.channel, self._present
         if self.host_only:
             for uid, m in zip(needed, mult):
                 c.misses += m
@@ -232,9 +232,9 @@ class MemoryManager(ManagerBase):
                 continue
             if uid in self._pending:  # issued before the reveal: a hit, late
                 c.late += m
-                done = engine.done_at.get(uid)
+                done = channel.done_at.get(uid)
                 if done is None:  # still queued: the layer needs it now
-                    engine.promote(uid, reveal)
+                    channel.promote(uid, reveal)
                     waiting.append(uid)
                     if self.observer is not None:
                         self.observer.on_promote(uid)
@@ -261,7 +261,7 @@ class MemoryManager(ManagerBase):
                 c.twin += 1
                 c.twin_weight += w
                 key = twin_key(uid, len(present))
-                engine.demand(key, reveal)
+                channel.demand(key, reveal)
                 waiting.append(key)
                 if self.observer is not None:
                     self.observer.on_off_pool(uid, TWIN)
@@ -285,15 +285,15 @@ class MemoryManager(ManagerBase):
                 self._read_in_place(uid, m, step, reveal, waiting)
                 continue
             self._load(uid, step)
-            engine.demand(uid, reveal)
+            channel.demand(uid, reveal)
             if self.observer is not None:
                 self.observer.on_load(uid, True, step)
             policy.access(uid, step)
             waiting.append(uid)
         if waiting:
-            finish = engine.demand_finish_times()
+            finish = channel.demand_finish_times()
             for uid in waiting:
-                t = finish.get(uid, engine.done_at.get(uid, reveal))
+                t = finish.get(uid, channel.done_at.get(uid, reveal))
                 if t > start:
                     start = t
         self._decide(ids)
@@ -317,7 +317,7 @@ class MemoryManager(ManagerBase):
     def token_start(self, step: int, now: float, token_id: int | None) -> None:
         self.step, self.now = step - 1, now
         self._finish_copies(now)
-        e = self.engine
+        e = self.channel
         self._note_channel(now, e.started + e.reads, e.twin_reads)
         if self.twin is not None:
             self._twin_left = self.twin.budget

@@ -1,7 +1,7 @@
 """The copy worker: one thread that moves experts host -> device slot in the simulator's order.
 
 The control plane queues a copy when the state machine issues it (`seqmoe.brain.manager` -> observer ->
-`submit`). Like the simulator's `CopyEngine`, the worker runs one copy at a time, demand copies
+`submit`). Like the simulator's `CopyChannel`, the worker runs one copy at a time, demand copies
 first in issue order, then prefetches earliest deadline first; a promoted prefetch is queued again
 as a demand copy. A copy whose slot changed hands before it ran is skipped. With the pool's
 emulated link (`ExpertPool.link_s`) the worker also sleeps that long per copy.

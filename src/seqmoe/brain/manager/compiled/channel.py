@@ -1,8 +1,8 @@
-"""The copy engine of `seqmoe.brain.manager.channel.CopyEngine`, compiled over the arrays of `layout`.
+"""The copy channel of `seqmoe.brain.manager.channel.CopyChannel`, compiled over the arrays of `layout`.
 
 Same rules and the same order of copies: a demand copy goes ahead of queued prefetches but does
 not interrupt the running copy; prefetches run earliest deadline first (ties by issue order); the
-engine advances lazily. The demand queue and the finished-copies queue are rings, the prefetch
+channel advances lazily. The demand queue and the finished-copies queue are rings, the prefetch
 queue a binary heap on (deadline, sequence) that keeps stale entries (promoted or cancelled) until
 they surface, as the reference does. An in-place read of u (`read`) is a demand under the key
 -1 - u that nobody cancels or promotes: it is always live, counted in READS, not in STARTED; when
@@ -103,13 +103,13 @@ def is_twin(S, key):
 
 @jit
 def duration(S, G, key):
-    """Seconds the transfer under `key` holds the channel (`CopyEngine.duration`)."""
+    """Seconds the transfer under `key` holds the channel (`CopyChannel.duration`)."""
     return G[TWIN_S] if is_twin(S, key) else G[COPY_S]
 
 
 @jit
 def span(S, G, keys, twins, copies):
-    """Seconds of `keys` transfers (`twins` of them twin reads) and `copies` more copies (`CopyEngine._span`)."""
+    """Seconds of `keys` transfers (`twins` of them twin reads) and `copies` more copies (`CopyChannel._span`)."""
     t = (keys - twins + copies) * G[COPY_S]
     return t + twins * G[TWIN_S] if twins else t
 

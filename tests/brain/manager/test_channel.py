@@ -1,10 +1,10 @@
-"""Copy engine ordering rules.  Run: pytest tests/sim/test_engine.py -q"""
+"""Copy channel ordering rules.  Run: pytest tests/brain/manager/test_channel.py -q"""
 
-from seqmoe.brain.manager.channel import CopyEngine
+from seqmoe.brain.manager.channel import CopyChannel
 
 
 def test_demand_goes_ahead_of_queued_prefetches_but_does_not_interrupt():
-    e = CopyEngine(1.0)
+    e = CopyChannel(1.0)
     e.prefetch(1, deadline_step=5, now=0.0)  # starts at once, runs 0..1
     e.prefetch(2, deadline_step=6, now=0.0)  # queued
     assert e.advance(0.5) == []
@@ -15,7 +15,7 @@ def test_demand_goes_ahead_of_queued_prefetches_but_does_not_interrupt():
 
 
 def test_prefetches_run_earliest_deadline_first_and_promote():
-    e = CopyEngine(1.0)
+    e = CopyChannel(1.0)
     e.prefetch(1, deadline_step=9, now=0.0)  # running
     e.prefetch(2, deadline_step=8, now=0.0)
     e.prefetch(3, deadline_step=7, now=0.0)
@@ -26,7 +26,7 @@ def test_prefetches_run_earliest_deadline_first_and_promote():
 
 
 def test_cancel_drops_a_queued_copy():
-    e = CopyEngine(1.0)
+    e = CopyChannel(1.0)
     e.prefetch(1, 1, 0.0)
     e.prefetch(2, 2, 0.0)
     assert e.cancel(2) and not e.cancel(1)  # 1 already running
@@ -34,7 +34,7 @@ def test_cancel_drops_a_queued_copy():
 
 
 def test_idle_engine_starts_at_issue_time():
-    e = CopyEngine(2.0)
+    e = CopyChannel(2.0)
     assert e.advance(10.0) == []
     e.demand(7, now=10.0)
     assert e.done_at[7] == 12.0
