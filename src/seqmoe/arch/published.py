@@ -56,7 +56,7 @@ def build_model(arch: str, *, width_divisor: int = 1, num_layers: int | None = N
         num_layers: keep only the first decoder layers (host memory; default all).
         vocab_size: default the real one.
     """
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers: only when this runs
 
     config = real_config(arch, width_divisor=width_divisor, num_layers=num_layers, vocab_size=vocab_size)
     torch.manual_seed(seed)
@@ -71,7 +71,7 @@ def real_config(arch: str, *, width_divisor: int = 1, num_layers: int | None = N
         raise UserError(f"unknown architecture {arch!r}; choose from: {', '.join(ARCHS)}")
     if width_divisor < 1 or (num_layers is not None and num_layers < 1):
         raise UserError(f"need width_divisor >= 1 and num_layers >= 1 (got {width_divisor}, {num_layers})")
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # transformers: only when this runs
 
     spec = ARCHS[arch]
     kw = dict(spec.config)

@@ -73,7 +73,7 @@ class CacheAwareRouting:
                  posted: bool = False):
         """(weights, ids) to route with at `layer`: the router's, or with substitutions (tensors);
         `posted`: in a posted decode step, which on a device reads no host value (`self.posted`)."""
-        import torch
+        import torch  # torch: only when this runs
 
         if posted and self.posted is not None:
             return self.posted(layer, logits, weights, ids)

@@ -34,7 +34,7 @@ def demo_predictor(train: RoutingTrace, *, minutes: float = 2.5, progress: bool 
     out = cache_dir() / "predictors" / f"demo-{trace_fingerprint(train)}-{minutes:g}min"
     if not (out / "model.safetensors").is_file():
         try:
-            from seqmoe.brain.predict.train import train_seq_predictor
+            from seqmoe.brain.predict.train import train_seq_predictor  # torch: only when this runs
         except ImportError:
             raise UserError("the demo trains a forecaster, which needs torch: pip install 'seqmoe[train]'") from None
         print(f"seqmoe demo: training the forecaster once into {out} (at most {minutes:g} minutes)", file=sys.stderr)

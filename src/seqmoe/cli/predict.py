@@ -22,6 +22,11 @@ from seqmoe.base.errors import UserError
 from seqmoe.brain.predict.drafters import DRAFTERS
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
+from seqmoe.brain.manager.systems import SYSTEMS
+from seqmoe.brain.predict.baselines.freq import FrequencyPredictor
+from seqmoe.brain.predict.drafters import make_drafter
+from seqmoe.brain.predict.evaluate import default_horizons, evaluate_predictors, format_table, plot_recall
+from seqmoe.brain.predict.checkpoints import load_seq_predictor
 
 DEFAULT_EPOCHS = 8
 DEFAULT_MAX_MINUTES = 14.0
@@ -84,13 +89,13 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """`seqmoe calibrate`: the summary, then (with --json) one JSON line."""
-    from seqmoe.arch.collect import load_model
-    from seqmoe.runtime.calibrate import calibrate, default_texts, texts_from
+    from seqmoe.arch.collect import load_model  # torch: only when this runs
+    from seqmoe.runtime.calibrate import calibrate, default_texts, texts_from  # torch: only when this runs
 
     load = config_from_args(LoadConfig, args)
     texts = texts_from(args.text) if args.text else None  # a bad folder fails before the model loads
     if load.threads:
-        import torch
+        import torch  # torch: only when this runs
 
         torch.set_num_threads(load.threads)
     model, tok = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress(args))
@@ -131,8 +136,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _baselines(train, test) -> dict:
     """The forecasts to compare with seqmoe's: training-split frequency, and each baseline system's own."""
-    from seqmoe.brain.manager.systems import SYSTEMS
-    from seqmoe.brain.predict.baselines.freq import FrequencyPredictor
 
     check_dims("--train", train, test, "use traces of the same model", against="--trace")
     H = 2 * train.num_layers
@@ -142,9 +145,6 @@ def _baselines(train, test) -> dict:
 
 def run_eval(args: argparse.Namespace) -> int:
     """`seqmoe eval-predictor`: recall@K and recall@2K tables, optional plot and JSON line."""
-    from seqmoe.brain.predict.drafters import make_drafter
-    from seqmoe.brain.predict.evaluate import default_horizons, evaluate_predictors, format_table, plot_recall
-    from seqmoe.brain.predict.checkpoints import load_seq_predictor
 
     if args.stride < 1:
         raise UserError(f"--stride must be at least 1, got {args.stride}")

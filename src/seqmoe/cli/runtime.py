@@ -24,6 +24,7 @@ from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, Of
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.placement import check_residency
 from seqmoe.costs.precision import format_bytes
+from seqmoe.trace.io import load_trace
 
 
 def add_offload_flags(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), threads: int | None = None) -> None:
@@ -97,9 +98,9 @@ def run_generate(args) -> int:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.prompt:
         raise UserError("--prompt is empty; give some text")
-    from seqmoe.runtime.load import load_offloaded
+    from seqmoe.runtime.load import load_offloaded  # torch: only when this runs
 
-    import torch
+    import torch  # torch: only when this runs
 
     loaded = load_offloaded(load, cfg, needs="generate needs a tokenizer to read --prompt", progress=progress(args))
     model, tok, runtime = loaded.model, loaded.tokenizer, loaded.runtime
@@ -112,7 +113,7 @@ def run_generate(args) -> int:
     t0 = time.perf_counter()
     with torch.no_grad():
         if args.graph:
-            from seqmoe.runtime.posted.graph import DecodeGraph
+            from seqmoe.runtime.posted.graph import DecodeGraph  # torch: only when this runs
 
             out = DecodeGraph(runtime, ids.shape[1] + args.max_new_tokens).generate(
                 ids, args.max_new_tokens, eos_token_id=tok.eos_token_id)
@@ -173,11 +174,10 @@ def run_bench(args) -> int:
     if args.online and (args.train or args.predictor):
         raise UserError("--online starts cold: drop --train and --predictor")
     check_bench(args.new_tokens, args.repeats, args.link_ratio)
-    from seqmoe.runtime.timing.decode import PROMPTS, bench_runtime, format_table
-    from seqmoe.arch.collect import load_model
-    from seqmoe.trace.io import load_trace
+    from seqmoe.runtime.timing.decode import PROMPTS, bench_runtime, format_table  # torch: only when this runs
+    from seqmoe.arch.collect import load_model  # torch: only when this runs
 
-    import torch
+    import torch  # torch: only when this runs
 
     torch.set_num_threads(load.threads)
     train = load_trace(args.train) if args.train else None

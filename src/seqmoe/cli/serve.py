@@ -95,12 +95,12 @@ def run_serve(args) -> int:
         cfg.for_graph()  # a bad combination fails before the server's imports
     _check_args(args)
     try:
-        import uvicorn
+        import uvicorn  # uvicorn: only when this runs
 
-        from seqmoe.serve.api import create_app
+        from seqmoe.serve.api import create_app  # fastapi, torch: only when this runs
     except ImportError as e:
         raise UserError(f"seqmoe serve needs fastapi and uvicorn ({e}); install them: pip install 'seqmoe[serve]'") from None
-    from seqmoe.serve.startup import start_batcher
+    from seqmoe.serve.startup import start_batcher  # torch: only when this runs
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
     served = start_batcher(load, cfg, graph=args.graph, queue_limit=args.queue_limit,

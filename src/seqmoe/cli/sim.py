@@ -22,6 +22,8 @@ from seqmoe.costs.profiles import HARDWARE_PROFILES, MODEL_PROFILES, get_hardwar
 from seqmoe.sim.report.plot import plot_results
 from seqmoe.sim.report.table import format_table, read_jsonl, write_jsonl
 from seqmoe.sim.run import load_workload, run_one, run_sweep, sweep_runs
+from seqmoe.sim.ray_sweep import ray_sweep
+from seqmoe.cli.demo import run_demo
 
 _RESIDENCIES = ",".join(map(str, DEFAULT_RESIDENCIES))
 
@@ -68,7 +70,6 @@ def cmd_sweep(args) -> int:
 
     try:
         if args.ray is not None:
-            from seqmoe.sim.ray_sweep import ray_sweep
 
             rows = ray_sweep(runs, address=args.ray or None, progress=progress(args), on_row=show)
         else:
@@ -141,7 +142,6 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_demo(args) -> int:
-    from seqmoe.cli.demo import run_demo
 
     run_demo(num_tokens=args.tokens, out_dir=args.out, forecaster_minutes=args.forecaster_minutes,
              progress=progress(args))

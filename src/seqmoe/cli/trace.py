@@ -126,8 +126,8 @@ def run_collect(args: argparse.Namespace) -> int:
     if args.pregate < 0:
         raise UserError(f"--pregate must be >= 0, got {args.pregate}")
     try:
-        from seqmoe.arch.collect.collector import collect_trace, read_text_requests
-        from seqmoe.arch.collect.models import load_model, resolve_model_dir
+        from seqmoe.arch.collect.collector import collect_trace, read_text_requests  # torch: only when this runs
+        from seqmoe.arch.collect.models import load_model, resolve_model_dir  # torch: only when this runs
     except ImportError as e:
         raise UserError(f"trace collection needs torch and transformers ({e}); pip install 'seqmoe[hf]'") from None
 

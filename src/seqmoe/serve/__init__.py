@@ -4,7 +4,7 @@
           ▲                                        │
           └──── text deltas, finish, usage ◄───────┘
 
-`load` loads and offloads the model and starts its `Batcher`; `api.create_app` is the FastAPI app;
+`startup` loads and offloads the model and starts its `Batcher`; `api.create_app` is the FastAPI app;
 `sampling` holds the pure parts (token choice, stop sequences). Needs the `serve` extra
 (fastapi, uvicorn) besides torch and transformers.
 """

@@ -334,7 +334,7 @@ class Batcher:
             self._rows = [r for r in self._rows if id(r) not in gone]
 
     def _new_cache(self):
-        from transformers import DynamicCache
+        from transformers import DynamicCache  # transformers: only when this runs
 
         return DynamicCache(config=self.model.config.get_text_config(decoder=True))
 

@@ -19,6 +19,8 @@ from pathlib import Path
 from seqmoe.config import LoadConfig, OffloadConfig
 from seqmoe.base.errors import UserError
 from seqmoe.serve.batcher import Batcher
+from seqmoe.runtime.load import load_offloaded
+from seqmoe.runtime import DecodeGraph
 
 
 @dataclass
@@ -48,7 +50,6 @@ def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, 
     Args mirror `seqmoe serve`'s flags; `chat_template` is a file with a Jinja template;
     `context_length` caps prompt + completion (default: the model's `max_position_embeddings`).
     """
-    from seqmoe.runtime.load import load_offloaded
 
     cfg = dataclasses.replace(cfg.for_graph() if graph else cfg, record_trace=False)
     template = Path(chat_template).read_text() if chat_template else None
@@ -64,7 +65,6 @@ def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, 
             raise UserError(f"{load.model}'s config has no max_position_embeddings; give --context-length")
         decode_graph = None
         if graph:
-            from seqmoe.runtime import DecodeGraph
 
             decode_graph = DecodeGraph(runtime, limit)
         batcher = Batcher(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, graph=decode_graph,

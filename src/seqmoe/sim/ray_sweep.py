@@ -29,6 +29,7 @@ from seqmoe.brain.manager.systems import system_spec
 from seqmoe.brain.predict.checkpoints import load_seq_predictor
 from seqmoe.brain.predict.provide import seq_predictor_for
 from seqmoe.sim.run import Workload, error_row, load_workload, run_or_error, with_hardware
+from tqdm.auto import tqdm
 
 MAX_RETRIES = 3
 """Times Ray runs a task again after its worker process died (then its row reports the failure)."""
@@ -61,7 +62,6 @@ def ray_sweep(runs: list[SimConfig], *, address: str | None = None, progress: bo
 
 
 def _run_all(ray, runs: list[SimConfig], progress: bool, on_row, loaded: dict[str, Workload]) -> list[dict]:
-    from tqdm.auto import tqdm
 
     run_task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_run)
     train_task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_forecaster)
@@ -117,7 +117,7 @@ def _kind(run: SimConfig) -> tuple:
 
 
 def _workload(boxed: list) -> Workload:
-    import ray
+    import ray  # ray: only when this runs
 
     key = boxed[0].hex()
     if key not in _WORKLOADS:
@@ -132,7 +132,7 @@ def _forecaster(workload: list):
 
 def _run(run: SimConfig, workload: list, forecaster: list) -> dict:
     """The task of one run: its row (`run_or_error`)."""
-    import ray
+    import ray  # ray: only when this runs
 
     w = with_hardware(_workload(workload), run.hardware)
     if forecaster and run.predictor not in w.predictors:
@@ -145,7 +145,7 @@ def _run(run: SimConfig, workload: list, forecaster: list) -> dict:
 
 def _import_ray():
     try:
-        import ray
+        import ray  # ray: only when this runs
     except ImportError:
         raise UserError("--ray needs Ray: pip install 'seqmoe[ray]' (from a checkout: pip install -e '.[ray]')") from None
     return ray

@@ -1,4 +1,4 @@
-"""Routing traces: schema, import, storage, statistics, splits."""
+"""Routing traces: schema, import, storage, statistics, splits. Imports only `base`."""
 
 from seqmoe.trace.schema import RoutingTrace, TraceError, TraceMeta
 

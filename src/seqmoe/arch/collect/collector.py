@@ -28,6 +28,8 @@ from seqmoe.arch import cache_kwarg, model_arch, output_cache
 from seqmoe.arch.collect.routers import RouterRecorder
 from seqmoe.base.errors import UserError
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
+import torch
+from tqdm.auto import tqdm
 
 MODES = ("prompt", "decode")
 
@@ -114,8 +116,6 @@ def collect_trace(
         when asked, pregate_logits and router_logits. Its L axis is MoE layers only;
         `meta.extra["moe_layers"]` maps it to decoder layer indices.
     """
-    import torch
-    from tqdm.auto import tqdm
 
     if mode not in MODES:
         raise UserError(f"unknown collection mode {mode!r}; choose from {', '.join(MODES)}")

@@ -16,6 +16,7 @@ import sys
 from seqmoe.arch import MoeLayer, moe_layers
 from seqmoe.base.errors import UserError
 from seqmoe.arch.model_dirs import DTYPES, has_tokenizer_files, resolve_model_dir
+import torch
 
 __all__ = ["load_model", "moe_layers", "MoeLayer", "resolve_model_dir"]
 
@@ -23,8 +24,7 @@ __all__ = ["load_model", "moe_layers", "MoeLayer", "resolve_model_dir"]
 
 def _import_hf():
     try:
-        import torch
-        import transformers
+        import transformers  # transformers: only when this runs
     except ImportError as e:
         raise UserError(f"trace collection needs torch and transformers ({e}); install them: pip install 'seqmoe[hf]'") from None
     return torch, transformers

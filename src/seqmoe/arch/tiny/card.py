@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from seqmoe.arch.tiny.corpus import psf_notice
 
 __all__ = ["ROUTING_HEADING", "ROUTING_MARKER", "plot_loss", "render_card", "write_loss_csv"]
 
@@ -29,10 +30,10 @@ def write_loss_csv(rows: list[dict], path: Path) -> None:
 
 def plot_loss(rows: list[dict], path: Path) -> None:
     """A small PNG: training LM loss and held-out loss (nats/token) against tokens seen."""
-    import matplotlib
+    import matplotlib  # matplotlib: only when this runs
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: only when this runs
 
     fig, ax = plt.subplots(figsize=(6, 3.5), dpi=80)
     ax.plot([r["tokens"] / 1e6 for r in rows], [r["train_loss"] for r in rows], label="train (LM part)", lw=1)
@@ -59,7 +60,6 @@ def render_card(info: dict) -> str:
           f"**{e['unigram_perplexity']:.2f}**\n"
           f"- tokens scored: {e['heldout_tokens_scored']:,} (held-out stream cut into windows of {t['context']}; "
           f"the first token of each window is not scored, by either model)\n") if e else "- not evaluated\n"
-    from seqmoe.arch.tiny.corpus import psf_notice
 
     cut = "" if t["steps_run"] >= t["steps_planned"] else (
         f"- The run reached its time limit after {t['steps_run']:,} of the {t['steps_planned']:,} steps its "

@@ -31,6 +31,9 @@ from tqdm import tqdm
 
 from seqmoe.base.errors import UserError
 from seqmoe.arch.tiny.corpus import stdlib_corpus
+import json
+from seqmoe.arch.tiny.card import plot_loss, write_loss_csv
+from seqmoe.arch.tiny.card import render_card
 
 __all__ = ["ARCH", "EOS", "PAD", "encode_docs", "heldout_nll", "model_config", "train_model", "train_tokenizer",
            "unigram_nll"]
@@ -44,7 +47,7 @@ EXPERTS_IMPLEMENTATION = "grouped_mm"  # as fast as "eager" on one CPU thread, s
 
 def train_tokenizer(texts: list[str], vocab_size: int = 4096):
     """A byte-level BPE (`tokenizers.Tokenizer`) trained on `texts`; ids 0, 1 are EOS, PAD."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # tokenizers: only when this runs
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -57,7 +60,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 4096):
 
 def save_tokenizer(tok, out_dir: Path, context: int) -> None:
     """tokenizer.json + tokenizer_config.json that `AutoTokenizer.from_pretrained(out_dir)` loads."""
-    from transformers import PreTrainedTokenizerFast
+    from transformers import PreTrainedTokenizerFast  # transformers: only when this runs
 
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=PAD,
                                    model_max_length=context)
@@ -73,7 +76,7 @@ def encode_docs(tok, texts: list[str]) -> np.ndarray:
 
 def model_config(vocab_size: int, **overrides):
     """`OlmoeConfig` of seqmoe-tiny (`ARCH`, tied embeddings, router logits in the loss); `overrides` win."""
-    from transformers import OlmoeConfig
+    from transformers import OlmoeConfig  # transformers: only when this runs
 
     kw = {**ARCH, **overrides}
     cfg = OlmoeConfig(vocab_size=vocab_size, tie_word_embeddings=True, output_router_logits=True,
@@ -179,9 +182,7 @@ def train_model(model, tokens: np.ndarray, *, steps: int, batch: int = 16, conte
 
 def _save_model(out_dir: Path, model, tok, context: int, rows: list[dict]) -> None:
     """Checkpoint (float16 weights, config dtype float32), tokenizer, loss log and plot."""
-    import json
 
-    from seqmoe.arch.tiny.card import plot_loss, write_loss_csv
 
     model.half()
     model.save_pretrained(str(out_dir))
@@ -198,7 +199,7 @@ def _save_model(out_dir: Path, model, tok, context: int, rows: list[dict]) -> No
 def run(out: Path, *, steps: int, minutes: float, seed: int, batch: int, context: int, lr: float,
         vocab_size: int, stop_at: int | None = None, progress: bool = True) -> dict:
     """The whole build of seqmoe-tiny into `out` (replaced atomically); returns metrics.json's contents."""
-    from transformers import AutoModelForCausalLM, OlmoeForCausalLM
+    from transformers import AutoModelForCausalLM, OlmoeForCausalLM  # transformers: only when this runs
 
     t_start = time.monotonic()
     torch.manual_seed(seed)
@@ -249,9 +250,7 @@ def run(out: Path, *, steps: int, minutes: float, seed: int, batch: int, context
 
 def _save_meta(out_dir: Path, info: dict) -> None:
     """Rewrite metrics.json and the card once the evaluation is known."""
-    import json
 
-    from seqmoe.arch.tiny.card import render_card
 
     (out_dir / "metrics.json").write_text(json.dumps(info, indent=1) + "\n")
     (out_dir / "README.md").write_text(render_card(info))

@@ -16,9 +16,6 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-INF = float("inf")
-
-
 class CopyChannel:
     """One copy channel.
 
@@ -116,9 +113,6 @@ class CopyChannel:
     def running_until(self) -> float | None:
         """When the copy in progress ends, or None when none runs."""
         return self._running[-1][0] if self._running else None
-
-    def is_queued(self, uid: int) -> bool:
-        return uid in self._queued
 
     def demand_finish_times(self) -> dict[int, float]:
         """Completion time of each queued demand copy, in queue order, behind the running copy."""

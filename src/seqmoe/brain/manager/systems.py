@@ -79,10 +79,11 @@ class SystemSpec:
     forecaster: Callable[[RoutingTrace, int], Predictor] | None = None
     """`forecaster(train, horizon)`: the system's own expert forecast, for `seqmoe eval-predictor`."""
     needs_pregate: bool = False
-    """Needs traces with pre-gate scores (`--pregate`): left out of the default system lists and of
-    the runtime (which computes no pre-gate yet)."""
+    """Needs traces with pre-gate scores (`--pregate`), so left out of the default system lists; live,
+    it needs a training trace collected with them (the runtime computes the pre-gate itself)."""
     miss: str | None = None
-    """The miss path the system always takes (`seqmoe.brain.manager.miss_paths`); None: the run's `miss` setting."""
+    """The miss rule the system always takes (a name of `seqmoe.brain.manager.miss_paths.MISS_RULES`);
+    None: the run's `miss` setting."""
 
     @property
     def reads_future(self) -> bool:

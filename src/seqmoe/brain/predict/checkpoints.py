@@ -20,6 +20,9 @@ import numpy as np
 
 from seqmoe.brain.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace
+from safetensors.numpy import save_file
+from seqmoe.base.files import atomic_path
+from safetensors import SafetensorError, safe_open
 
 FORMAT = "seqmoe-seq-predictor"
 VERSION = "1"
@@ -30,9 +33,7 @@ CONFIG_FILE = "config.json"
 def save_checkpoint(out_dir: str | os.PathLike, config: SeqConfig, weights: dict[str, np.ndarray],
                     info: dict) -> None:
     """Write `model.safetensors` (float32 weights) and `config.json` (config + info) into `out_dir`."""
-    from safetensors.numpy import save_file
 
-    from seqmoe.base.files import atomic_path
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -48,7 +49,6 @@ def load_seq_predictor(path: str | os.PathLike, *, window: int | None = None) ->
     """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt.
 
     `window`: see `SeqPredictor` (None: the reference inference)."""
-    from safetensors import SafetensorError, safe_open
 
     d = Path(path)
     hint = "train one with `seqmoe train --trace TRAIN --out DIR`"

@@ -231,10 +231,10 @@ def format_table(results: dict, metric: str = "recall_at_k") -> str:
 
 def plot_recall(results: dict, path: str | os.PathLike, caption: str | None = None) -> None:
     """Write a PNG of recall@K (solid) and recall@2K (dashed) against horizon, one colour per predictor."""
-    import matplotlib
+    import matplotlib  # matplotlib: only when this runs
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: only when this runs
 
     hs = results["horizons"]
     fig, ax = plt.subplots(figsize=(7, 4.5))

@@ -29,7 +29,7 @@ FIT_TOKENS = 60_000
 
 def gru_states(pred, trace: RoutingTrace) -> np.ndarray:
     """[T, H] float32 the forecaster's state before each token (reset at each request, as in a replay)."""
-    from seqmoe.brain.predict.seqmodel import gru_step
+    from seqmoe.brain.predict.seqmodel import gru_step  # numba: only when this runs
 
     w = pred.w
     routed = w["route_in"][trace.uids().reshape(trace.num_tokens, -1)].sum(1)
@@ -59,7 +59,7 @@ def tokens_to_next_use(trace: RoutingTrace) -> np.ndarray:
 
 def fit_far_head(pred, train: RoutingTrace, *, epochs: int = 3, seed: int = 0) -> dict[str, np.ndarray]:
     """{"far_w", "far_b"} fitted by binary cross-entropy on the first `FIT_TOKENS` tokens of `train`."""
-    import torch
+    import torch  # torch: only when this runs
 
     part = train.head(min(train.num_tokens, FIT_TOKENS))
     x = torch.from_numpy(gru_states(pred, part))

@@ -21,6 +21,8 @@ import threading
 import warnings
 
 from seqmoe.brain.predict.seqmodel import SeqConfig
+from seqmoe.brain.predict.online import learn_round
+from seqmoe.brain.predict.checkpoints import save_checkpoint
 
 
 class ProcessLearner:
@@ -158,9 +160,7 @@ def main() -> int:
         os.nice(19)  # below the decode step, the host expert path and the control plane
     except OSError:
         pass
-    from seqmoe.brain.predict.online import learn_round
-    from seqmoe.brain.predict.checkpoints import save_checkpoint
-    from seqmoe.brain.predict.train import OnlineTrainer
+    from seqmoe.brain.predict.train import OnlineTrainer  # torch: only when this runs
 
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     try:

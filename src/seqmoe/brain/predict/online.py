@@ -32,6 +32,7 @@ from seqmoe.brain.predict.base import Forecast
 from seqmoe.brain.predict.buckets import bucket_of, bucket_table
 from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace, check_dims, snapshot_trace
+from seqmoe.brain.policies.forecast import ForecastPolicy
 
 ONLINE_DIMS = {"hash_buckets": 4096, "embed_dim": 128, "hidden_dim": 128, "query_dim": 128}
 """The online forecaster's widths: half the offline one's, so a round trains in about a second."""
@@ -73,7 +74,6 @@ def cold_prior(num_layers: int, num_experts: int, top_k: int,
 def fit_prior(ids: np.ndarray, starts: np.ndarray, num_experts: int) -> tuple[np.ndarray, ReuseTable]:
     """(use rate [L * E], reuse table) of a snapshot: what `ForecastPolicy.from_trace` learns from a
     training trace, with its default discount."""
-    from seqmoe.brain.policies.forecast import ForecastPolicy
 
     trace = snapshot_trace(ids, starts, num_experts)
     counts = np.bincount(trace.uids().reshape(-1), minlength=trace.num_layers * num_experts)
@@ -119,7 +119,7 @@ class NoLearner:
 def online_forecaster(num_layers: int, num_experts: int, top_k: int, *, seed: int = 0,
                       schedule: OnlineSchedule = OnlineSchedule()) -> OnlineForecaster:
     """A fresh online forecaster learning in this process (`InlineLearner`: the simulator's)."""
-    from seqmoe.brain.predict.train import OnlineTrainer
+    from seqmoe.brain.predict.train import OnlineTrainer  # torch: only when this runs
 
     cfg = online_config(num_layers, num_experts, top_k)
     return OnlineForecaster(cfg, InlineLearner(OnlineTrainer(cfg, seed=seed)), schedule)

@@ -21,7 +21,7 @@ def seq_predictor_for(path: str | None, train: RoutingTrace, *, progress: bool =
     out = cache_dir() / "predictors" / trace_fingerprint(train)
     if not (out / "model.safetensors").is_file():
         try:
-            from seqmoe.brain.predict.train import train_seq_predictor
+            from seqmoe.brain.predict.train import train_seq_predictor  # torch: only when this runs
         except ImportError:
             raise UserError("training a forecaster needs torch (pip install 'seqmoe[train]'); "
                             "or pass --predictor DIR") from None
@@ -31,7 +31,7 @@ def seq_predictor_for(path: str | None, train: RoutingTrace, *, progress: bool =
     pred = load_seq_predictor(out)
     if not pred.config.far_head:  # cached before the long-range head existed: fit it once
         try:
-            from seqmoe.brain.predict.train import with_far_head
+            from seqmoe.brain.predict.train import with_far_head  # torch: only when this runs
         except ImportError:  # no torch: the forecaster as it is
             return pred
         print(f"seqmoe: fitting the long-range head of the cached forecaster in {out} (once)", file=sys.stderr)

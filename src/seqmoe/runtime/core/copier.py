@@ -16,6 +16,7 @@ import time
 
 from seqmoe.base.errors import UserError
 from seqmoe.runtime.core.pool import ExpertPool
+import torch
 
 
 class CopyWorker:
@@ -39,7 +40,6 @@ class CopyWorker:
         self._thread = threading.Thread(target=self._run, name="seqmoe-copy", daemon=True)
         self._stream = None
         if pool.device.type == "cuda":
-            import torch
 
             self._stream = torch.cuda.Stream(device=pool.device)
         self._thread.start()
@@ -54,7 +54,6 @@ class CopyWorker:
             self._cv.notify()
 
     def _run(self) -> None:
-        import torch
 
         ctx = torch.cuda.stream(self._stream) if self._stream is not None else None
         if ctx is not None:

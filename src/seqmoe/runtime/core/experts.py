@@ -71,7 +71,7 @@ class OffloadedExperts(torch.nn.Module):
             # torch's grouped_mm serves only bf16 on the GPU itself; other dtypes take a fallback that
             # copies the group offsets to the host, which a CUDA graph cannot hold. The K gathered
             # rows are one expert per (token, k): batched_mm is the same products without it.
-            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+            from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS  # transformers, triton: only when this runs
 
             self.posted_forward = ALL_EXPERTS_FUNCTIONS["batched_mm"]
         self._eager, self._posted = eager, posted

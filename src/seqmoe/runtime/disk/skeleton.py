@@ -49,7 +49,7 @@ def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str |
     on the meta device and everything else read from the checkpoint. `dtype`: the model's (default: the
     config's, else float32). `check(model, arch, layout)`: runs on the meta model, before anything is
     read (budgets fail first). UserError for a quantized checkpoint or model keys the checkpoint lacks."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # transformers: only when this runs
 
     folder = Path(folder)
     refuse_quantized(folder)

@@ -10,6 +10,8 @@ layer's routing into the mailbox and acknowledges the slot table's version (`pos
 
 from __future__ import annotations
 
+import warnings
+
 BLOCK = 1024
 """Columns of a row one program of the gather copies."""
 _KERNELS: dict | None = None
@@ -25,7 +27,6 @@ def kernels() -> dict | None:
         try:
             _KERNELS = build()
         except ImportError:
-            import warnings
 
             warnings.warn("triton is not installed: the CUDA decode step uses slower torch ops (pip install triton)",
                           stacklevel=3)
@@ -33,8 +34,8 @@ def kernels() -> dict | None:
 
 
 def build() -> dict:
-    import triton
-    import triton.language as tl
+    import triton  # triton: only when this runs
+    import triton.language as tl  # triton: only when this runs
 
     @triton.jit
     def resolve(table, ids, skip, slots, reads, K, HAS_SKIP: tl.constexpr, BK: tl.constexpr):

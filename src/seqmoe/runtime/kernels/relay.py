@@ -28,6 +28,7 @@ import functools
 import torch
 
 from seqmoe.runtime.core.mapped import device_view
+from seqmoe.runtime.kernels import relay_triton
 
 KEEP_SPINS = 1 << 22
 """Polls of the decision flag before the step computes the layer itself (seconds over PCIe)."""
@@ -107,7 +108,7 @@ class RelayKernels:
 def available() -> bool:
     """Whether the relay's kernels can be built: triton is installed, with `tl.atomic_load`."""
     try:
-        import triton.language as tl
+        import triton.language as tl  # triton: only when this runs
     except ImportError:
         return False
     return hasattr(tl, "atomic_load")
@@ -115,6 +116,5 @@ def available() -> bool:
 
 @functools.cache
 def _build() -> dict:
-    from seqmoe.runtime.kernels import relay_triton
 
     return {"post": relay_triton.post, "keep": relay_triton.keep, "add": relay_triton.add}

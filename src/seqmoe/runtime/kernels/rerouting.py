@@ -67,8 +67,8 @@ class DeviceCacheRouting:
 
 @functools.cache
 def _build():
-    import triton
-    import triton.language as tl
+    import triton  # triton: only when this runs
+    import triton.language as tl  # triton: only when this runs
 
     @triton.jit(do_not_specialize=["layer"])
     def substitute(logits, weights, ids, assigned, table, state, counts, out_w, out_ids, layer, E, K,

@@ -36,7 +36,7 @@ class _Rows:
     """The device state of decoding B rows: a static cache, the step's inputs and outputs, its graph."""
 
     def __init__(self, model, batch: int, max_length: int, device: torch.device) -> None:
-        from transformers import StaticCache
+        from transformers import StaticCache  # transformers: only when this runs
 
         self.batch = batch
         self.cache = StaticCache(config=model.config, max_cache_len=max_length)

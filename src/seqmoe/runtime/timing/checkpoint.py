@@ -22,6 +22,10 @@ from pathlib import Path
 import torch
 
 from seqmoe.base.errors import UserError
+from safetensors.torch import save_file
+from seqmoe.arch import model_arch
+from seqmoe.arch.published import real_config
+from tqdm import tqdm
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -30,11 +34,8 @@ def write_checkpoint(arch: str, folder, *, dtype: torch.dtype = torch.bfloat16, 
                      **shape) -> Path:
     """Write `arch`'s model (`seqmoe.arch.published`; `shape`: `real_config`'s width_divisor,
     num_layers, vocab_size) to `folder`, sharded by decoder layer; the folder. UserError if it exists."""
-    from safetensors.torch import save_file
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM  # transformers: only when this runs
 
-    from seqmoe.arch import model_arch
-    from seqmoe.arch.published import real_config
 
     folder = Path(folder)
     if folder.exists():
@@ -104,6 +105,5 @@ def _per_expert(owner: str, param: str, meta: torch.Tensor, gen: torch.Generator
 
 
 def _bar(total: int, show: bool):
-    from tqdm import tqdm
 
     return tqdm(total=total, desc="writing layers", unit="layer", disable=not show)

@@ -42,6 +42,11 @@ from seqmoe.costs.profiles import HardwareProfile, ModelProfile, full_load_token
 from seqmoe.runtime.eager.host_exec import model_host_expert_s
 from seqmoe.runtime.offload import measure_profile, offload
 from seqmoe.trace.schema import RoutingTrace
+from seqmoe.brain.predict.checkpoints import load_seq_predictor
+from seqmoe.brain.predict.train import train_seq_predictor
+from seqmoe.arch import moe_layers
+from seqmoe.arch.collect import collect_trace
+from seqmoe.arch.quant import quantize_experts
 
 PROMPTS = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -66,7 +71,7 @@ TRAIN_PROMPTS = (
 def greedy_decode(model, ids: list[int], new_tokens: int, runtime=None) -> tuple[list[int], float, tuple[float, float]]:
     """(generated ids, seconds of the decode forwards, (runtime host, gather) seconds during them) of
     batch-1 greedy decode."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers: only when this runs
 
     key = cache_kwarg(model)
     with torch.no_grad():
@@ -88,7 +93,7 @@ def greedy_decode(model, ids: list[int], new_tokens: int, runtime=None) -> tuple
 def time_to_first_token(model, length: int, repeats: int = 2, runtime=None) -> float:
     """Seconds of the prompt forward of a `length`-token prompt (seeded ids: timing only) up to its
     logits, the fastest of `repeats` (with a runtime, it settles between them: its replay, its copies)."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers: only when this runs
 
     vocab = int(model.config.get_text_config(decoder=True).vocab_size)
     ids = torch.randint(vocab, (1, length), generator=torch.Generator().manual_seed(length))
@@ -151,8 +156,6 @@ def measured_hardware(mp: ModelProfile, token_s: float, copy_s: float, overhead_
 def _forecaster(train: RoutingTrace, predictor, minutes: float, log):
     if predictor is not None:
         return predictor
-    from seqmoe.brain.predict.checkpoints import load_seq_predictor
-    from seqmoe.brain.predict.train import train_seq_predictor
 
     log(f"training a small forecaster on the trace ({train.num_tokens} tokens, up to {60 * minutes:.0f} s)")
     with tempfile.TemporaryDirectory(prefix="seqmoe-bench-") as d:
@@ -195,8 +198,6 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
     """
-    from seqmoe.arch import moe_layers
-    from seqmoe.arch.collect import collect_trace
 
     for s in systems:  # a training trace and a forecaster are collected and trained when not given
         check_live_system(s, train=not online, predictor=not online)
@@ -212,7 +213,6 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
     config = config or OffloadConfig()
     want = full["tokens"]
     if config.expert_dtype is not None:  # exact against the full model of the same quantized weights
-        from seqmoe.arch.quant import quantize_experts
 
         want = _timed_passes(quantize_experts(copy.deepcopy(model), config.expert_dtype), ids, new_tokens, 1)["tokens"]
     full["ttft_s"] = {n: time_to_first_token(model, n, repeats) for n in prompt_lengths}

@@ -75,7 +75,7 @@ def _decode(target, forced: ForcedRouting, replay: RoutingTrace, device, between
 
 def _eager(model, n: int, device) -> list[int]:
     """Argmax after each of n one-token forwards of a new request (the inline runtime)."""
-    from transformers import DynamicCache
+    from transformers import DynamicCache  # transformers: only when this runs
 
     cache, key, out = DynamicCache(config=model.config), cache_kwarg(model), []
     token = torch.zeros((1, 1), dtype=torch.long, device=device)  # replaced by the trace's token (ForcedRouting)

@@ -31,10 +31,10 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
         out_dir: folder for the PNGs.
         caption: text under each figure (the command that produced the results).
     """
-    import matplotlib
+    import matplotlib  # matplotlib: only when this runs
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # matplotlib: only when this runs
 
     if any("system" not in r or "residency" not in r for r in rows):
         raise UserError("a results row lacks `system` or `residency`; is this a `seqmoe sweep` file?")
