@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+from seqmoe.arch.adapter import model_arch
 from seqmoe.arch.layout import ExpertLayout
 from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, check_precision, quantized_bytes
-from seqmoe.arch.adapter import model_arch
 
 
 def _align(n: int) -> int:
@@ -173,7 +173,6 @@ def quantize_experts(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     """Replace the routed experts' weights of `model`, in place, by their dequantized values at
     `precision` (the numbers an offloaded model stores and computes with), so that the full-load
     model is the reference of `offload(..., expert_dtype=precision)`. Returns `model`."""
-
     check_precision(precision)
     arch = model_arch(model)
     for layer in arch.moe:

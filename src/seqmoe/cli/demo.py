@@ -14,14 +14,14 @@ import json
 import sys
 from pathlib import Path
 
-from seqmoe.sim.report.plot import plot_results
-from seqmoe.sim.report.table import format_table, write_jsonl
-from seqmoe.config import COMPARED_RESIDENCIES, DEFAULT_HARDWARE, SimConfig
+from seqmoe.arch.tiny.traces import load_demo_traces
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.systems import systems_with
 from seqmoe.brain.predict.checkpoints import cache_dir, trace_fingerprint
+from seqmoe.config import COMPARED_RESIDENCIES, DEFAULT_HARDWARE, SimConfig
+from seqmoe.sim.report.plot import plot_results
+from seqmoe.sim.report.table import format_table, write_jsonl
 from seqmoe.sim.run import load_workload, run_sweep
-from seqmoe.arch.tiny.traces import load_demo_traces
 from seqmoe.trace.schema import RoutingTrace
 
 FORECASTER = dict(epochs=6, hash_buckets=4096, embed_dim=128, hidden_dim=128, query_dim=128, threads=1)

@@ -16,17 +16,16 @@ import argparse
 import json
 import sys
 
-from seqmoe.cli.args import add_config_flags, config_from_args, progress
-from seqmoe.config import CALIBRATION_TOKENS, LoadConfig
 from seqmoe.base.errors import UserError
-from seqmoe.brain.predict.drafters import DRAFTERS
-from seqmoe.trace.io import load_trace
-from seqmoe.trace.schema import check_dims
 from seqmoe.brain.manager.systems import SYSTEMS
 from seqmoe.brain.predict.baselines.freq import FrequencyPredictor
-from seqmoe.brain.predict.drafters import make_drafter
-from seqmoe.brain.predict.evaluate import default_horizons, evaluate_predictors, format_table, plot_recall
 from seqmoe.brain.predict.checkpoints import load_seq_predictor
+from seqmoe.brain.predict.drafters import DRAFTERS, make_drafter
+from seqmoe.brain.predict.evaluate import default_horizons, evaluate_predictors, format_table, plot_recall
+from seqmoe.cli.args import add_config_flags, config_from_args, progress
+from seqmoe.config import CALIBRATION_TOKENS, LoadConfig
+from seqmoe.trace.io import load_trace
+from seqmoe.trace.schema import check_dims
 
 DEFAULT_EPOCHS = 8
 DEFAULT_MAX_MINUTES = 14.0
@@ -136,7 +135,6 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _baselines(train, test) -> dict:
     """The forecasts to compare with seqmoe's: training-split frequency, and each baseline system's own."""
-
     check_dims("--train", train, test, "use traces of the same model", against="--trace")
     H = 2 * train.num_layers
     return {"frequency": FrequencyPredictor(train, horizon=H),
@@ -145,7 +143,6 @@ def _baselines(train, test) -> dict:
 
 def run_eval(args: argparse.Namespace) -> int:
     """`seqmoe eval-predictor`: recall@K and recall@2K tables, optional plot and JSON line."""
-
     if args.stride < 1:
         raise UserError(f"--stride must be at least 1, got {args.stride}")
     if args.tokens_ahead < 1:

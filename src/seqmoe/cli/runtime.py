@@ -19,10 +19,17 @@ import json
 import sys
 import time
 
-from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
-from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, LoadConfig, OffloadConfig, check_bench, check_live_system
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.placement import check_residency
+from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
+from seqmoe.config import (
+    COMPARED_RESIDENCIES,
+    COMPARED_SYSTEMS,
+    LoadConfig,
+    OffloadConfig,
+    check_bench,
+    check_live_system,
+)
 from seqmoe.costs.precision import format_bytes
 from seqmoe.trace.io import load_trace
 
@@ -98,9 +105,9 @@ def run_generate(args) -> int:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.prompt:
         raise UserError("--prompt is empty; give some text")
-    from seqmoe.runtime.load import load_offloaded  # torch: only when this runs
-
     import torch  # torch: only when this runs
+
+    from seqmoe.runtime.load import load_offloaded  # torch: only when this runs
 
     loaded = load_offloaded(load, cfg, needs="generate needs a tokenizer to read --prompt", progress=progress(args))
     model, tok, runtime = loaded.model, loaded.tokenizer, loaded.runtime
@@ -174,10 +181,10 @@ def run_bench(args) -> int:
     if args.online and (args.train or args.predictor):
         raise UserError("--online starts cold: drop --train and --predictor")
     check_bench(args.new_tokens, args.repeats, args.link_ratio)
-    from seqmoe.runtime.timing.decode import PROMPTS, bench_runtime, format_table  # torch: only when this runs
-    from seqmoe.arch.collect import load_model  # torch: only when this runs
-
     import torch  # torch: only when this runs
+
+    from seqmoe.arch.collect import load_model  # torch: only when this runs
+    from seqmoe.runtime.timing.decode import PROMPTS, bench_runtime, format_table  # torch: only when this runs
 
     torch.set_num_threads(load.threads)
     train = load_trace(args.train) if args.train else None

@@ -18,10 +18,10 @@ import socket
 import sys
 from pathlib import Path
 
-from seqmoe.cli.args import progress
-from seqmoe.cli.runtime import add_offload_flags, offload_configs
 from seqmoe.base.errors import UserError
 from seqmoe.brain.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS  # not serve.admission: it loads torch
+from seqmoe.cli.args import progress
+from seqmoe.cli.runtime import add_offload_flags, offload_configs
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:

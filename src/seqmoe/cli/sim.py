@@ -14,16 +14,16 @@ import json
 import shlex
 import sys
 
-from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
-from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.systems import ROLES, SYSTEMS, baselines, systems_with
+from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
+from seqmoe.cli.demo import run_demo
+from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig
 from seqmoe.costs.profiles import HARDWARE_PROFILES, MODEL_PROFILES, get_hardware_profile
+from seqmoe.sim.ray_sweep import ray_sweep
 from seqmoe.sim.report.plot import plot_results
 from seqmoe.sim.report.table import format_table, read_jsonl, write_jsonl
 from seqmoe.sim.run import load_workload, run_one, run_sweep, sweep_runs
-from seqmoe.sim.ray_sweep import ray_sweep
-from seqmoe.cli.demo import run_demo
 
 _RESIDENCIES = ",".join(map(str, DEFAULT_RESIDENCIES))
 
@@ -70,7 +70,6 @@ def cmd_sweep(args) -> int:
 
     try:
         if args.ray is not None:
-
             rows = ray_sweep(runs, address=args.ray or None, progress=progress(args), on_row=show)
         else:
             rows = arrived
@@ -142,7 +141,6 @@ def cmd_profiles(args) -> int:
 
 
 def cmd_demo(args) -> int:
-
     run_demo(num_tokens=args.tokens, out_dir=args.out, forecaster_minutes=args.forecaster_minutes,
              progress=progress(args))
     return 0

@@ -17,9 +17,9 @@ import json
 import os
 from pathlib import Path
 
+from seqmoe.base.errors import UserError
 from seqmoe.base.files import atomic_path
 from seqmoe.cli.args import progress
-from seqmoe.base.errors import UserError
 from seqmoe.trace.io import ACCEPTED, load_trace, save_trace, write_trace_file
 from seqmoe.trace.schema import RoutingTrace
 from seqmoe.trace.split import split_trace

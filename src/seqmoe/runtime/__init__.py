@@ -22,7 +22,7 @@ docs/decode.md tells one decode step end to end. Imports `base`, `trace`, `costs
 and `config`. Needs torch (and transformers for the models).
 """
 
-from seqmoe.runtime.posted.graph import DecodeGraph
 from seqmoe.runtime.offload import OffloadRuntime, measure_profile, offload
+from seqmoe.runtime.posted.graph import DecodeGraph
 
 __all__ = ["offload", "OffloadRuntime", "DecodeGraph", "measure_profile"]

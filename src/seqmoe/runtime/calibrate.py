@@ -18,16 +18,15 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from seqmoe.config import CALIBRATION_TOKENS
-from seqmoe.base.errors import UserError
-from seqmoe.arch.tiny.corpus import stdlib_corpus
 from seqmoe.arch import model_arch
 from seqmoe.arch.collect import collect_trace
-from seqmoe.brain.predict.checkpoints import load_online, online_dir
-from seqmoe.brain.predict.online import OnlineSchedule, fit_prior, online_config
+from seqmoe.arch.tiny.corpus import stdlib_corpus
+from seqmoe.base.errors import UserError
 from seqmoe.brain.predict.buckets import trace_buckets
-from seqmoe.brain.predict.checkpoints import save_checkpoint
+from seqmoe.brain.predict.checkpoints import load_online, online_dir, save_checkpoint
+from seqmoe.brain.predict.online import OnlineSchedule, fit_prior, online_config
 from seqmoe.brain.predict.train import OnlineTrainer
+from seqmoe.config import CALIBRATION_TOKENS
 from seqmoe.runtime.forecasters import model_key
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".jsonl", ".c", ".js", ".html")
@@ -48,7 +47,6 @@ def texts_from(folder: str | os.PathLike) -> list[str]:
 
 def default_texts() -> list[str]:
     """This interpreter's standard library source, training part (`seqmoe.arch.tiny.corpus`, PSF-2.0)."""
-
     return stdlib_corpus().train_texts()
 
 
@@ -56,7 +54,6 @@ def calibrate(model, tokenizer, texts: list[str], *, max_tokens: int = CALIBRATI
               progress: bool = True) -> dict:
     """Learn `model`'s online forecaster from its routing over `texts` (at most `max_tokens` tokens, in
     requests of `chunk` tokens) and save it where `offload` finds it. Returns a summary."""
-
     if max_tokens < 1 or chunk < 1:
         raise UserError(f"calibration needs a positive number of tokens and chunk size, got {max_tokens} and {chunk}")
     chunk = min(chunk, getattr(model.config, "max_position_embeddings", None) or chunk)

@@ -13,10 +13,9 @@ from pathlib import Path
 import numpy as np
 
 from seqmoe.base.errors import UserError
-from seqmoe.brain.predict.checkpoints import load_online, online_dir
+from seqmoe.brain.predict.checkpoints import load_online, load_seq_predictor, online_dir
 from seqmoe.brain.predict.online import OnlineForecaster, cold_prior, online_config
 from seqmoe.trace.schema import check_dims, placeholder_trace
-from seqmoe.brain.predict.checkpoints import load_seq_predictor
 
 
 def given_forecaster(predictor, L: int, E: int, K: int):
@@ -27,7 +26,6 @@ def given_forecaster(predictor, L: int, E: int, K: int):
                         "`seqmoe train`; `seqmoe.brain.predict.provide.seq_predictor_for(None, train)` trains one on a "
                         "trace and caches it)")
     if isinstance(predictor, (str, os.PathLike)):
-
         predictor = load_seq_predictor(predictor)
     if getattr(predictor, "config", None) is not None:
         check_dims("the predictor's training trace", predictor.config, placeholder_trace(L, E, K, "model"),

@@ -26,9 +26,9 @@ import time
 import numpy as np
 import torch
 
+from seqmoe.arch import moe_layers, unpack_router_output
 from seqmoe.base.errors import UserError
 from seqmoe.brain.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS
-from seqmoe.arch import moe_layers, unpack_router_output
 
 __all__ = ["ADMISSIONS", "CANDIDATES", "MAX_SKIPS", "Admission", "overlap_choice"]
 
@@ -64,7 +64,6 @@ class Admission:
         self._table: dict[int, np.ndarray] = {}  # token id -> [L, K] int64 the routing it took last
         self._lane: dict[int, np.ndarray] = {}  # lane -> [L, K] int64 routing of its latest position
         if rule == "overlap" and max_batch > 1:
-
             layers = moe_layers(model)
             self.L, self.E = len(layers), layers[0].num_experts
             self._ids = [None] * self.L

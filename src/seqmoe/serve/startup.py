@@ -16,11 +16,11 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from seqmoe.config import LoadConfig, OffloadConfig
 from seqmoe.base.errors import UserError
-from seqmoe.serve.batcher import Batcher
-from seqmoe.runtime.load import load_offloaded
+from seqmoe.config import LoadConfig, OffloadConfig
 from seqmoe.runtime import DecodeGraph
+from seqmoe.runtime.load import load_offloaded
+from seqmoe.serve.batcher import Batcher
 
 
 @dataclass
@@ -50,7 +50,6 @@ def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, 
     Args mirror `seqmoe serve`'s flags; `chat_template` is a file with a Jinja template;
     `context_length` caps prompt + completion (default: the model's `max_position_embeddings`).
     """
-
     cfg = dataclasses.replace(cfg.for_graph() if graph else cfg, record_trace=False)
     template = Path(chat_template).read_text() if chat_template else None
     loaded = load_offloaded(load, cfg, needs="serve needs a tokenizer", progress=progress)
@@ -65,7 +64,6 @@ def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, 
             raise UserError(f"{load.model}'s config has no max_position_embeddings; give --context-length")
         decode_graph = None
         if graph:
-
             decode_graph = DecodeGraph(runtime, limit)
         batcher = Batcher(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, graph=decode_graph,
                         admission=admission)

@@ -23,13 +23,14 @@ import sys
 import time
 from collections.abc import Callable
 
-from seqmoe.config import SimConfig
+from tqdm.auto import tqdm
+
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.systems import system_spec
 from seqmoe.brain.predict.checkpoints import load_seq_predictor
 from seqmoe.brain.predict.provide import seq_predictor_for
+from seqmoe.config import SimConfig
 from seqmoe.sim.run import Workload, error_row, load_workload, run_or_error, with_hardware
-from tqdm.auto import tqdm
 
 MAX_RETRIES = 3
 """Times Ray runs a task again after its worker process died (then its row reports the failure)."""
@@ -62,7 +63,6 @@ def ray_sweep(runs: list[SimConfig], *, address: str | None = None, progress: bo
 
 
 def _run_all(ray, runs: list[SimConfig], progress: bool, on_row, loaded: dict[str, Workload]) -> list[dict]:
-
     run_task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_run)
     train_task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_forecaster)
     workloads, forecasters, needs = {}, {}, [None] * len(runs)

@@ -23,13 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
+from tqdm.auto import tqdm
 
 from seqmoe.arch import cache_kwarg, model_arch, output_cache
 from seqmoe.arch.collect.routers import RouterRecorder
 from seqmoe.base.errors import UserError
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
-import torch
-from tqdm.auto import tqdm
 
 MODES = ("prompt", "decode")
 
@@ -116,7 +116,6 @@ def collect_trace(
         when asked, pregate_logits and router_logits. Its L axis is MoE layers only;
         `meta.extra["moe_layers"]` maps it to decoder layer indices.
     """
-
     if mode not in MODES:
         raise UserError(f"unknown collection mode {mode!r}; choose from {', '.join(MODES)}")
     if mode == "decode" and new_tokens < 1:

@@ -13,10 +13,11 @@ from __future__ import annotations
 import os
 import sys
 
-from seqmoe.arch import MoeLayer, moe_layers
-from seqmoe.base.errors import UserError
-from seqmoe.arch.model_dirs import DTYPES, has_tokenizer_files, resolve_model_dir
 import torch
+
+from seqmoe.arch import MoeLayer, moe_layers
+from seqmoe.arch.model_dirs import DTYPES, has_tokenizer_files, resolve_model_dir
+from seqmoe.base.errors import UserError
 
 __all__ = ["load_model", "moe_layers", "MoeLayer", "resolve_model_dir"]
 

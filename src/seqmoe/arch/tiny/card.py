@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+
 from seqmoe.arch.tiny.corpus import psf_notice
 
 __all__ = ["ROUTING_HEADING", "ROUTING_MARKER", "plot_loss", "render_card", "write_loss_csv"]

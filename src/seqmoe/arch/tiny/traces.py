@@ -15,20 +15,19 @@ model nor they have seen. Only expert ids and token ids are kept
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
 
 import numpy as np
 
+from seqmoe.arch.tiny import MODEL_DIR, NAME
+from seqmoe.arch.tiny.card import ROUTING_HEADING
+from seqmoe.arch.tiny.corpus import stdlib_corpus
 from seqmoe.trace.io import load_trace, save_trace
 from seqmoe.trace.schema import RoutingTrace
 from seqmoe.trace.stats import summarize
-import dataclasses
-from seqmoe.arch.tiny import NAME
-from seqmoe.arch.tiny.corpus import stdlib_corpus
-from seqmoe.arch.tiny import MODEL_DIR
-from seqmoe.arch.tiny.card import ROUTING_HEADING
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 TRAIN_FILE, TEST_FILE = DATA_DIR / "seqmoe-tiny-train.safetensors", DATA_DIR / "seqmoe-tiny-test.safetensors"
@@ -47,7 +46,6 @@ def load_demo_traces() -> tuple[RoutingTrace, RoutingTrace]:
 
 def collect_demo_traces(out_dir: Path = DATA_DIR, *, progress: bool = True) -> tuple[RoutingTrace, RoutingTrace]:
     """Collect both parts with the packaged model and write them into `out_dir`."""
-
     import torch  # torch: only when this runs
 
     from seqmoe.arch.collect import collect_trace, load_model  # torch: only when this runs
@@ -88,7 +86,6 @@ def routing_table(traces: dict[str, RoutingTrace]) -> str:
 
 def fill_card(shared: Path, card: Path | None = None) -> str:
     """Write the routing statistics of the shipped test trace, next to the shared real traces', into the card."""
-
     card = card or MODEL_DIR / "README.md"
     traces = {"seqmoe-tiny (held-out stdlib files, `seqmoe-tiny-test`)": load_trace(TEST_FILE)}
     real = {"DeepSeek-V2-Lite (Puffin prompts, shared MoE-Beyond trace)": "deepseek-v2-lite-puffin/puffin",

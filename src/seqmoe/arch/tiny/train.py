@@ -17,6 +17,7 @@ checkpoint (weights stored float16, loaded as float32), tokenizer, `loss.csv`, `
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import shutil
@@ -29,11 +30,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from seqmoe.base.errors import UserError
+from seqmoe.arch.tiny.card import plot_loss, render_card, write_loss_csv
 from seqmoe.arch.tiny.corpus import stdlib_corpus
-import json
-from seqmoe.arch.tiny.card import plot_loss, write_loss_csv
-from seqmoe.arch.tiny.card import render_card
+from seqmoe.base.errors import UserError
 
 __all__ = ["ARCH", "EOS", "PAD", "encode_docs", "heldout_nll", "model_config", "train_model", "train_tokenizer",
            "unigram_nll"]
@@ -182,8 +181,6 @@ def train_model(model, tokens: np.ndarray, *, steps: int, batch: int = 16, conte
 
 def _save_model(out_dir: Path, model, tok, context: int, rows: list[dict]) -> None:
     """Checkpoint (float16 weights, config dtype float32), tokenizer, loss log and plot."""
-
-
     model.half()
     model.save_pretrained(str(out_dir))
     cfg_path = out_dir / "config.json"
@@ -250,8 +247,6 @@ def run(out: Path, *, steps: int, minutes: float, seed: int, batch: int, context
 
 def _save_meta(out_dir: Path, info: dict) -> None:
     """Rewrite metrics.json and the card once the evaluation is known."""
-
-
     (out_dir / "metrics.json").write_text(json.dumps(info, indent=1) + "\n")
     (out_dir / "README.md").write_text(render_card(info))
 

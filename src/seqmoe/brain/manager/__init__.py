@@ -16,14 +16,13 @@ named systems and what each declares).
 
 import warnings
 
+from seqmoe.brain.manager.base import PoolObserver, System
+from seqmoe.brain.manager.compiled import CompiledManager, compile_blocker
 from seqmoe.brain.manager.counts import SimCounts, summarize
 from seqmoe.brain.manager.driver import Driver
 from seqmoe.brain.manager.placement import capacity_for, check_capacity, check_residency, start_placement
-from seqmoe.brain.manager.base import PoolObserver, System
 from seqmoe.brain.manager.state import MemoryManager
 from seqmoe.brain.manager.systems import SYSTEMS, SystemInputs, SystemSpec, build_system, system_spec
-from seqmoe.brain.manager.compiled import compile_blocker
-from seqmoe.brain.manager.compiled import CompiledManager
 
 
 class ReferenceManagerWarning(UserWarning):
@@ -34,7 +33,6 @@ class ReferenceManagerWarning(UserWarning):
 def manager_kind(system: System, compiled: bool = True) -> dict:
     """Which manager runs `system`: {"manager": "compiled"}, or {"manager": "reference",
     "manager_reason": why} (`stats()["manager"]`, and a replay's row)."""
-
     why = compile_blocker(system) if compiled else "the compiled manager was turned off (compiled=False)"
     return {"manager": "compiled"} if why is None else {"manager": "reference", "manager_reason": why}
 
@@ -45,7 +43,6 @@ def build_manager(system: System, *, model, hardware, capacity: int, start, obse
     compiled one when the system qualifies (`compile_blocker`) and `compiled`, else the reference
     `MemoryManager`. Both make the same decisions; a system that could not run compiled is reported
     (`ReferenceManagerWarning`), never silently slower."""
-
     kind = manager_kind(system, compiled)
     if kind["manager"] == "reference" and compiled:
         warnings.warn(f"system {system.name!r} runs on the reference manager (Python; the same decisions, slower): "

@@ -16,6 +16,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
+
 class CopyChannel:
     """One copy channel.
 

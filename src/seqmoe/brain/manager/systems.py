@@ -16,16 +16,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from seqmoe.brain.policies import BeladyPolicy, FutureUses, LayerLRUPolicy, LFUPolicy, LRUPolicy, belady_schedule
 from seqmoe.base.errors import UserError
-from seqmoe.brain.predict import AffinityPredictor, EAMPolicy, EAMPredictor
-from seqmoe.brain.predict.oracle import OracleForecaster
-from seqmoe.brain.policies.forecast import ForecastPolicy
-from seqmoe.brain.manager.miss_paths import Twin, check_miss
 from seqmoe.brain.manager.base import System
+from seqmoe.brain.manager.miss_paths import Twin, check_miss
+from seqmoe.brain.policies import BeladyPolicy, FutureUses, LayerLRUPolicy, LFUPolicy, LRUPolicy, belady_schedule
+from seqmoe.brain.policies.forecast import ForecastPolicy
+from seqmoe.brain.predict import AffinityPredictor, EAMPolicy, EAMPredictor
 from seqmoe.brain.predict.base import Predictor
-from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
 from seqmoe.brain.predict.baselines.expertflow import ExpertFlowPredictor
+from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
+from seqmoe.brain.predict.oracle import OracleForecaster
 from seqmoe.brain.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
 from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW
 from seqmoe.brain.schedule import GreedyPrefetcher, OraclePrefetcher

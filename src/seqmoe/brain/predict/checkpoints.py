@@ -17,12 +17,12 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
+from seqmoe.base.files import atomic_path
 from seqmoe.brain.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace
-from safetensors.numpy import save_file
-from seqmoe.base.files import atomic_path
-from safetensors import SafetensorError, safe_open
 
 FORMAT = "seqmoe-seq-predictor"
 VERSION = "1"
@@ -33,7 +33,6 @@ CONFIG_FILE = "config.json"
 def save_checkpoint(out_dir: str | os.PathLike, config: SeqConfig, weights: dict[str, np.ndarray],
                     info: dict) -> None:
     """Write `model.safetensors` (float32 weights) and `config.json` (config + info) into `out_dir`."""
-
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -49,7 +48,6 @@ def load_seq_predictor(path: str | os.PathLike, *, window: int | None = None) ->
     """Load a checkpoint folder written by `train_seq_predictor`; PredictorError if missing or corrupt.
 
     `window`: see `SeqPredictor` (None: the reference inference)."""
-
     d = Path(path)
     hint = "train one with `seqmoe train --trace TRAIN --out DIR`"
     if not d.is_dir():

@@ -20,9 +20,9 @@ import sys
 import threading
 import warnings
 
-from seqmoe.brain.predict.seqmodel import SeqConfig
-from seqmoe.brain.predict.online import learn_round
 from seqmoe.brain.predict.checkpoints import save_checkpoint
+from seqmoe.brain.predict.online import learn_round
+from seqmoe.brain.predict.seqmodel import SeqConfig
 
 
 class ProcessLearner:

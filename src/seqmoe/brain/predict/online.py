@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.policies.reuse import ReuseTable
 from seqmoe.brain.predict.base import Forecast
 from seqmoe.brain.predict.buckets import bucket_of, bucket_table
 from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace, check_dims, snapshot_trace
-from seqmoe.brain.policies.forecast import ForecastPolicy
 
 ONLINE_DIMS = {"hash_buckets": 4096, "embed_dim": 128, "hidden_dim": 128, "query_dim": 128}
 """The online forecaster's widths: half the offline one's, so a round trains in about a second."""
@@ -74,7 +74,6 @@ def cold_prior(num_layers: int, num_experts: int, top_k: int,
 def fit_prior(ids: np.ndarray, starts: np.ndarray, num_experts: int) -> tuple[np.ndarray, ReuseTable]:
     """(use rate [L * E], reuse table) of a snapshot: what `ForecastPolicy.from_trace` learns from a
     training trace, with its default discount."""
-
     trace = snapshot_trace(ids, starts, num_experts)
     counts = np.bincount(trace.uids().reshape(-1), minlength=trace.num_layers * num_experts)
     return counts / trace.num_tokens, ForecastPolicy.from_trace(trace).reuse

@@ -28,13 +28,13 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from seqmoe.brain.predict.evaluate import default_horizons
 from seqmoe.brain.predict.buckets import trace_buckets
 from seqmoe.brain.predict.checkpoints import load_seq_predictor, save_checkpoint
+from seqmoe.brain.predict.evaluate import default_horizons
+from seqmoe.brain.predict.far_head import fit_far_head
 from seqmoe.brain.predict.seqmodel import PredictorError, SeqConfig, SeqPredictor
 from seqmoe.brain.predict.seqnet import SeqNet
 from seqmoe.trace.schema import RoutingTrace, snapshot_trace
-from seqmoe.brain.predict.far_head import fit_far_head
 
 __all__ = ["load_seq_predictor", "train_seq_predictor"]
 
@@ -290,7 +290,6 @@ def train_seq_predictor(train: RoutingTrace, out_dir: str | os.PathLike, *, epoc
 
 def with_far_head(cfg: SeqConfig, weights: dict, train: RoutingTrace, seed: int = 0) -> tuple[SeqConfig, dict]:
     """(config, weights) of the forecaster with its long-range head fitted on `train`."""
-
     head = fit_far_head(SeqPredictor(cfg, weights), train, seed=seed)
     return dataclasses.replace(cfg, far_head=True), {**weights, **head}
 

@@ -14,9 +14,10 @@ import heapq
 import threading
 import time
 
+import torch
+
 from seqmoe.base.errors import UserError
 from seqmoe.runtime.core.pool import ExpertPool
-import torch
 
 
 class CopyWorker:
@@ -40,7 +41,6 @@ class CopyWorker:
         self._thread = threading.Thread(target=self._run, name="seqmoe-copy", daemon=True)
         self._stream = None
         if pool.device.type == "cuda":
-
             self._stream = torch.cuda.Stream(device=pool.device)
         self._thread.start()
 
@@ -54,7 +54,6 @@ class CopyWorker:
             self._cv.notify()
 
     def _run(self) -> None:
-
         ctx = torch.cuda.stream(self._stream) if self._stream is not None else None
         if ctx is not None:
             ctx.__enter__()

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from seqmoe.arch import ExpertLayout, model_arch
+from seqmoe.base.errors import UserError
 from seqmoe.runtime.disk.checkpoint import ExpertFiles, checkpoint_keys
 from seqmoe.runtime.disk.index import CheckpointIndex, refuse_quantized
 from seqmoe.runtime.disk.reader import DiskReader
-from seqmoe.base.errors import UserError
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,6 @@ def kernels() -> dict | None:
         try:
             _KERNELS = build()
         except ImportError:
-
             warnings.warn("triton is not installed: the CUDA decode step uses slower torch ops (pip install triton)",
                           stacklevel=3)
     return _KERNELS

@@ -116,5 +116,4 @@ def available() -> bool:
 
 @functools.cache
 def _build() -> dict:
-
     return {"post": relay_triton.post, "keep": relay_triton.keep, "add": relay_triton.add}

@@ -20,12 +20,12 @@ import shutil
 from pathlib import Path
 
 import torch
-
-from seqmoe.base.errors import UserError
 from safetensors.torch import save_file
+from tqdm import tqdm
+
 from seqmoe.arch import model_arch
 from seqmoe.arch.published import real_config
-from tqdm import tqdm
+from seqmoe.base.errors import UserError
 
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
@@ -105,5 +105,4 @@ def _per_expert(owner: str, param: str, meta: torch.Tensor, gen: torch.Generator
 
 
 def _bar(total: int, show: bool):
-
     return tqdm(total=total, desc="writing layers", unit="layer", disable=not show)

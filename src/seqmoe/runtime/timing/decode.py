@@ -33,20 +33,19 @@ import time
 
 import torch
 
-from seqmoe.arch import cache_kwarg, model_arch
-from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, OffloadConfig, check_bench, check_live_system
+from seqmoe.arch import cache_kwarg, model_arch, moe_layers
+from seqmoe.arch.collect import collect_trace
+from seqmoe.arch.quant import quantize_experts
 from seqmoe.base.errors import UserError
-from seqmoe.costs.host_cost import host_fields
 from seqmoe.brain.manager.systems import SYSTEMS as ALL
+from seqmoe.brain.predict.checkpoints import load_seq_predictor
+from seqmoe.brain.predict.train import train_seq_predictor
+from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, OffloadConfig, check_bench, check_live_system
+from seqmoe.costs.host_cost import host_fields
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, full_load_token_s
 from seqmoe.runtime.eager.host_exec import model_host_expert_s
 from seqmoe.runtime.offload import measure_profile, offload
 from seqmoe.trace.schema import RoutingTrace
-from seqmoe.brain.predict.checkpoints import load_seq_predictor
-from seqmoe.brain.predict.train import train_seq_predictor
-from seqmoe.arch import moe_layers
-from seqmoe.arch.collect import collect_trace
-from seqmoe.arch.quant import quantize_experts
 
 PROMPTS = (
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
@@ -198,7 +197,6 @@ def bench_runtime(model, tokenizer=None, prompts=PROMPTS, *, residencies=COMPARE
     Returns:
         {"model", "new_tokens", "prompts", "link": {...}, "full": {...}, "runs": [{...}, ...]}.
     """
-
     for s in systems:  # a training trace and a forecaster are collected and trained when not given
         check_live_system(s, train=not online, predictor=not online)
     check_bench(new_tokens, repeats, link_ratio)

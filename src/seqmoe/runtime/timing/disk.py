@@ -24,13 +24,12 @@ import time
 import numpy as np
 import torch
 
+import seqmoe
+from seqmoe.runtime.proc import reset_peak, status_bytes
 from seqmoe.runtime.timing.decode import measured_hardware
 from seqmoe.runtime.timing.forced import ForcedRouting
-from seqmoe.runtime.timing.replay import _decode
-from seqmoe.runtime.proc import reset_peak, status_bytes
+from seqmoe.runtime.timing.replay import _decode, _eager
 from seqmoe.trace.schema import RoutingTrace
-import seqmoe
-from seqmoe.runtime.timing.replay import _eager
 
 _STATS = ("hit_rate", "miss_rate", "copies", "host_rows", "host_hit_rate", "disk_reads", "disk_bytes_per_token",
           "sim_host_hit_rate", "sim_disk_bytes_per_token", "sim_disk_stall_s",
@@ -48,7 +47,6 @@ def repeated(replay: RoutingTrace, n: int) -> RoutingTrace:
 def _replay_run(folder, replay: RoutingTrace, probe=None, **options) -> tuple[dict, dict, float, int, list]:
     """(stats at the end, stats after warm-up, wall seconds and positions timed, argmax tokens) of one
     streamed run; `probe(runtime, forced)` runs before it closes. Its memory is freed before this returns."""
-
     before = status_bytes("VmRSS")
     model, rt = seqmoe.load(folder, replay=replay, device="cpu", **options)
     dense = sum(p.numel() * p.element_size() for p in model.parameters())  # the experts' are stripped
@@ -72,7 +70,6 @@ def _time_reads(rt, forced, positions: int) -> tuple[float, float]:
     """(median seconds of one expert read from the checkpoint, of one expert row copy), timed one at a
     time from all over the checkpoint while the model decodes `positions` more (a read shares the
     CPU with the model's compute, as in a run)."""
-
     files, cache = rt.pool.cache.files, rt.pool.cache
     row, other = torch.empty_like(cache.buf[0]), torch.empty_like(cache.buf[0])
     rng = np.random.default_rng(0)

@@ -26,15 +26,15 @@ import numpy as np
 import torch
 
 from seqmoe.arch import cache_kwarg, model_arch
-from seqmoe.config import COMPARED_RESIDENCIES
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.systems import SYSTEMS
-from seqmoe.runtime.timing.decode import expert_layer_seconds, measured_hardware
+from seqmoe.config import COMPARED_RESIDENCIES
 from seqmoe.runtime.core import costs
-from seqmoe.runtime.eager.host_exec import model_host_expert_s
-from seqmoe.runtime.posted.graph import DecodeGraph
 from seqmoe.runtime.core.mapped import device_view
+from seqmoe.runtime.eager.host_exec import model_host_expert_s
 from seqmoe.runtime.offload import measure_profile, offload
+from seqmoe.runtime.posted.graph import DecodeGraph
+from seqmoe.runtime.timing.decode import expert_layer_seconds, measured_hardware
 from seqmoe.runtime.timing.forced import ForcedRouting
 from seqmoe.trace.schema import RoutingTrace
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from seqmoe.base.files import atomic_path
 from seqmoe.base.errors import UserError
+from seqmoe.base.files import atomic_path
 from seqmoe.brain.manager.systems import SYSTEMS
 
 METRICS = {
