@@ -29,7 +29,7 @@ from seqmoe.brain.policies import belady_misses
 from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.manager import System, capacity_for, start_placement
 from seqmoe.brain.predict.buckets import trace_buckets
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.brain.predict.provide import seq_predictor_for
 from seqmoe.brain.predict.far_head import RHO, fit_far_head, gru_states, tokens_to_next_use
 from seqmoe.brain.predict.seqmodel import SeqPredictor
@@ -82,12 +82,20 @@ def fit_joint(train, cfg, epochs, seed=0):
     return SeqPredictor(cfg, net.export()), head
 
 
-class CurrentToken:
+class CurrentToken(Predictor):
     """A two-token forecaster's rows of the current token only (what `seqmoe` reads with its head)."""
 
     def __init__(self, inner) -> None:
         self.inner = inner
-        self.begin_request, self.begin_token, self.observe = inner.begin_request, inner.begin_token, inner.observe
+
+    def begin_request(self):
+        self.inner.begin_request()
+
+    def begin_token(self, step, token_id):
+        self.inner.begin_token(step, token_id)
+
+    def observe(self, step, ids):
+        self.inner.observe(step, ids)
 
     def predict(self, step):
         fc = self.inner.predict(step)

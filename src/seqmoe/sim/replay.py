@@ -57,8 +57,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     if max_kl is not None and (trace.router_logits is None or trace.gate_weights is None):
         raise UserError("cache-aware routing replays router logits and gate weights, and this trace lacks them: "
                         "collect it with `seqmoe trace collect --router-logits`")
-    gates = trace.gate_weights if getattr(system, "twin", None) is not None else None
-    if gates is None and getattr(system, "twin", None) is not None:
+    gates = trace.gate_weights if system.twin is not None else None
+    if gates is None and system.twin is not None:
         raise UserError("the twin miss path picks misses by their gate weights, and this trace lacks them: replay a "
                         "trace that holds gate_weights (`seqmoe trace collect`, or a Mixtral JSONL trace)")
     disk = None if host_rows is None else _disk(system, model, hardware, host_rows, host_policy, start, plan)
@@ -75,7 +75,7 @@ def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
     """The disk tier's clock for `simulate`: H = `rows` host rows holding `start`'s rows at first."""
     if plan is not None and plan.batch > 1:
         raise UserError("a disk tier (--host-memory, --host-residency) is modelled at batch 1 only: drop --batch")
-    if getattr(system, "twin", None) is not None:
+    if system.twin is not None:
         raise UserError("the twin miss path reads low-bit twins from host memory, which a disk tier does not hold: "
                         "drop --twin")
     tier = HostTier(rows, model.num_layers, model.num_experts, policy=policy or default_host_policy(system),

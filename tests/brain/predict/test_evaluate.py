@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.brain.predict.evaluate import (
     default_horizons, evaluate_predictor, evaluate_predictors, format_table, plot_recall, topk_hits,
 )  # fmt: skip
@@ -15,7 +15,7 @@ from seqmoe.brain.predict.baselines.freq import FrequencyPredictor, layer_popula
 from tests.conftest import make_trace
 
 
-class Oracle:
+class Oracle(Predictor):
     """Knows the trace: forecasts the true experts with probability 1 for `horizon` positions."""
 
     def __init__(self, trace, horizon: int) -> None:

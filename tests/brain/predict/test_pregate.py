@@ -37,6 +37,9 @@ class _Uniform(IgnoresHistory):
     def forecast(self, step, horizon):
         return Forecast(np.arange(step + 1, step + 1 + horizon), np.full((horizon, E), K / E, dtype=np.float32))
 
+    def predict(self, step):
+        return self.forecast(step, 2 * L)
+
 
 def test_pregate_rows_are_the_later_routers_softmax_within_the_token():
     trace = _trace(3.0)

@@ -88,13 +88,13 @@ class ManagerBase:
         self.token_s = token_overhead_s(model, hardware)
         self.layer_s = self.non_expert_s + self.top_k * self.per_expert_s
         self.copy_time_s = copy_time_s(model, hardware)
-        self.miss, self.host_only = miss_rule(getattr(system, "miss", "copy")), getattr(system, "host_only", False)
+        self.miss, self.host_only = miss_rule(system.miss), system.host_only
         self.host_expert_s = host_expert_time_s(model, hardware)
         if self.host_expert_s is None and (self.miss.always_host_cpu or self.host_only):
             raise UserError(f"system {system.name!r} computes experts on the host CPU, but hardware profile "
                             f"{hardware.name!r} describes no host: give host_cores and host_memory_bytes_per_s")
         self.lane = HostLane(self.host_expert_s) if self.host_expert_s is not None else None
-        self.twin, self.twin_time_s, self.twin_bytes = getattr(system, "twin", None), None, 0
+        self.twin, self.twin_time_s, self.twin_bytes = system.twin, None, 0
         if self.twin is not None:
             if self.host_only:
                 raise UserError(f"system {system.name!r} computes every expert on the host CPU: a twin has no miss to serve")
@@ -106,7 +106,7 @@ class ManagerBase:
         self.channel_use = 0.5
         """Share of time the copy channel is busy: a moving average over tokens, updated at each token start."""
         self._channel_mark = (0.0, 0, 0)  # (time, transfers started, twin reads started) at the last token start
-        self.replans = bool(getattr(system.prefetcher, "replan_after_compute", False))
+        self.replans = system.prefetcher is not None and system.prefetcher.replan_after_compute
         """Wants `layer_end` after each layer's experts (the driver skips the call otherwise)."""
         self.wants_ids = system.predictor is not None
         """Reads the routed expert ids at each reveal (a predictor observes them)."""
@@ -152,7 +152,7 @@ class ManagerBase:
     def _new_prior(self):
         """(use rates, reuse table) an online forecaster refitted at this token start, once; else None."""
         pred = self.predictor
-        prior = getattr(pred, "new_prior", None)
+        prior = pred.new_prior
         if prior is not None:
             pred.new_prior = None
         return prior

@@ -47,7 +47,7 @@ class NoFreeRow(RuntimeError):
 
 def host_policy(system) -> str:
     """The host tier's policy for a device-tier `system`: "forecast" when it has a forecaster."""
-    return "forecast" if getattr(system, "predictor", None) is not None else "lru"
+    return "forecast" if system.predictor is not None else "lru"
 
 
 class HostTier:

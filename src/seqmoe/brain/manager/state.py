@@ -330,7 +330,7 @@ class MemoryManager(ManagerBase):
             prior = self._new_prior()
             if prior is not None:
                 self.system.policy.set_prior(*prior)
-            far = getattr(pred, "far", None)
+            far = pred.far
             if far is not None:
                 self.system.policy.set_far(far)
         self._decide(None)

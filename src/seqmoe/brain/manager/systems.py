@@ -32,6 +32,7 @@ from seqmoe.brain.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
 from seqmoe.brain.schedule.expertflow import AdaptiveHorizonPrefetcher, ExpertFlowShared, TwoLevelLRUPolicy
 from seqmoe.trace.schema import RoutingTrace
+from seqmoe.brain.schedule.base import Prefetcher
 
 ROLES = ("baseline", "host", "seqmoe", "ablation", "oracle")
 """What a system is: a realisable baseline, a reference that computes experts on the host CPU (it needs
@@ -269,7 +270,7 @@ def _oracle(inp: SystemInputs) -> System:
     return System("oracle-prefetch", BeladyPolicy(future), None, OraclePrefetcher(schedule))
 
 
-class _Feeding:
+class _Feeding(Prefetcher):
     """A prefetcher that first hands each forecast to a `ForecastPolicy` (which needs it to rank)."""
 
     def __init__(self, policy: ForecastPolicy, inner) -> None:

@@ -11,8 +11,9 @@ simulator and the runtime call, for every token and layer in decode order:
 
 from __future__ import annotations
 
+import copy
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
@@ -31,23 +32,49 @@ class Forecast:
     probs: np.ndarray
 
 
-class Predictor(Protocol):
+class Predictor(ABC):
+    """What a predictor must do (the abstract methods) and what the manager may read of it (the
+    attributes and `fork`, each with a default here)."""
+
+    horizon: int | None = None
+    """Positions after the current one its forecasts cover (None: not bounded); the compiled manager
+    runs forecasts of at most 2 L positions."""
+    far: np.ndarray | None = None
+    """The long-range head's [L * E] probability of a use within its far horizon, for the current
+    token (None: no head); the manager hands it to the policy (`EvictionPolicy.set_far`)."""
+    new_prior: tuple | None = None
+    """A prior beyond the forecast refitted at this token start, (use rates [L * E], `ReuseTable` or
+    None): the manager hands it to the policy once (`EvictionPolicy.set_prior`) and clears it."""
+
+    @abstractmethod
     def begin_request(self) -> None:
         """A new request starts: forget the request-level history."""
 
+    @abstractmethod
     def begin_token(self, step: int, token_id: int | None) -> None:
         """A token starts; `step` is its layer-0 position; `token_id` when the trace has them."""
 
+    @abstractmethod
     def observe(self, step: int, ids: np.ndarray) -> None:
         """The layer at `step` routed to `ids` ([K] int expert ids)."""
 
+    @abstractmethod
     def predict(self, step: int) -> Forecast | None:
         """Forecast for positions after `step`; None when there is nothing new to say (the last
         forecast, if any, stands)."""
 
+    def forecast(self, step: int, horizon: int) -> Forecast | None:
+        """A forecast covering at least `horizon` positions after `step`, for those that can look
+        further when asked (evaluation, pre-gate fusion); default: `predict(step)`."""
+        return self.predict(step)
 
-class IgnoresHistory:
-    """Mixin for predictors whose forecast does not depend on the routing seen so far."""
+    def fork(self) -> Predictor:
+        """A predictor for another sequence of a batch, sharing what was learned (default: a copy)."""
+        return copy.deepcopy(self)
+
+
+class IgnoresHistory(Predictor):
+    """Base of predictors whose forecast does not depend on the routing seen so far."""
 
     def begin_request(self) -> None:
         pass

@@ -105,11 +105,6 @@ class _Scorer:
         }
 
 
-def _forecast(predictor: Predictor, step: int, horizon: int):
-    fn = getattr(predictor, "forecast", None)
-    return fn(step, horizon) if fn is not None else predictor.predict(step)
-
-
 def _score_position(scorer: _Scorer, fc, step: int, horizons, req_end_step: int, ids_flat: np.ndarray) -> None:
     """Score the forecast made after `step` against every horizon whose target is in the request."""
     for hi, h in enumerate(horizons):
@@ -164,7 +159,7 @@ def evaluate_predictor(trace: RoutingTrace, predictor: Predictor, *, horizons=No
                 step = t * L + l
                 t0 = time.perf_counter()
                 predictor.observe(step, ids_flat[step])
-                fc = _forecast(predictor, step, hmax) if step % stride == 0 else None
+                fc = predictor.forecast(step, hmax) if step % stride == 0 else None
                 spent += time.perf_counter() - t0
                 if step % stride == 0:
                     _score_position(scorer, fc, step, horizons, req_end_step, ids_flat)

@@ -10,14 +10,12 @@ that any row uses it: 1 - prod_b (1 - p_b), the rows taken as independent.
 
 from __future__ import annotations
 
-import copy
-
 import numpy as np
 
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 
 
-class LanePredictors:
+class LanePredictors(Predictor):
     """`Predictor` over the lanes of a batch (module doc); `step_start` of the driver sets the rows."""
 
     def __init__(self, first) -> None:
@@ -35,12 +33,12 @@ class LanePredictors:
 
     @property
     def horizon(self):
-        return getattr(self._lanes[0], "horizon", None)
+        return self._lanes[0].horizon
 
     @property
     def new_prior(self):
         """Lane 0's refitted prior (an online forecaster learns from lane 0's routing)."""
-        return getattr(self._lanes[0], "new_prior", None)
+        return self._lanes[0].new_prior
 
     @new_prior.setter
     def new_prior(self, value) -> None:
@@ -49,9 +47,7 @@ class LanePredictors:
     def lane(self, b: int):
         """Lane `b`'s predictor (forked from lane 0 when first asked for)."""
         while len(self._lanes) <= b:
-            first = self._lanes[0]
-            fork = getattr(first, "fork", None)
-            twin = fork() if fork is not None else copy.deepcopy(first)
+            twin = self._lanes[0].fork()
             twin.begin_request()
             self._lanes.append(twin)
         return self._lanes[b]
@@ -75,7 +71,7 @@ class LanePredictors:
         for b, token in zip(self._rows, token_ids):
             p = self._lanes[b]
             p.begin_token(step, token)
-            if getattr(p, "far", None) is not None:
+            if p.far is not None:
                 fars.append(p.far)
         self.far = None if not fars else fars[0] if len(fars) == 1 else np.maximum.reduce(fars)
 

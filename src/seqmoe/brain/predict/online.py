@@ -29,7 +29,7 @@ import numpy as np
 
 from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.policies.reuse import ReuseTable
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.brain.predict.buckets import bucket_of, bucket_table
 from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace, check_dims, snapshot_trace
@@ -124,7 +124,7 @@ def online_forecaster(num_layers: int, num_experts: int, top_k: int, *, seed: in
     return OnlineForecaster(cfg, InlineLearner(OnlineTrainer(cfg, seed=seed)), schedule)
 
 
-class OnlineForecaster:
+class OnlineForecaster(Predictor):
     """A `Predictor` whose sequence forecaster is learned from the routing it observes (module doc).
 
     Args:
@@ -284,7 +284,7 @@ class OnlineForecaster:
             self.inner.set_weights(weights)
 
 
-class _Follower:
+class _Follower(Predictor):
     """`OnlineForecaster.fork`: a `Predictor` on the parent's current weights."""
 
     def __init__(self, parent: OnlineForecaster) -> None:

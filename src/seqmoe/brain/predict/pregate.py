@@ -22,7 +22,7 @@ import warnings
 import numpy as np
 
 from seqmoe.base.errors import UserError
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.brain.predict.evaluate import topk_hits
 from seqmoe.trace.schema import RoutingTrace
 
@@ -48,7 +48,7 @@ def _pregate_rows(trace: RoutingTrace) -> np.ndarray:
     return pregate_probs(trace.pregate_logits.reshape(T * L, H, E), trace.top_k)
 
 
-class PregatePredictor:
+class PregatePredictor(Predictor):
     """Forecast the rest of the current token from the pre-gate scores of the position just observed.
 
     Args:
@@ -81,7 +81,7 @@ class PregatePredictor:
         return Forecast(np.arange(step + 1, step + 1 + n, dtype=np.int64)[keep], rows[keep])
 
 
-class HybridPredictor:
+class HybridPredictor(Predictor):
     """`history` fused with pre-gating per distance (see the module doc); `alphas[d - 1]` for distance d."""
 
     def __init__(self, history, source, alphas: np.ndarray) -> None:
@@ -100,7 +100,7 @@ class HybridPredictor:
         self.pregate.observe(step, ids)
 
     def forecast(self, step: int, horizon: int) -> Forecast | None:
-        hist = _ahead(self.history, step, horizon)
+        hist = self.history.forecast(step, horizon)
         pre = self.pregate.predict(step)
         if hist is None or pre is None or not len(pre.steps):
             return hist
@@ -113,11 +113,6 @@ class HybridPredictor:
 
     def predict(self, step: int) -> Forecast | None:
         return self.forecast(step, 2 * self.pregate.L)
-
-
-def _ahead(predictor, step: int, horizon: int) -> Forecast | None:
-    fn = getattr(predictor, "forecast", None)
-    return fn(step, horizon) if fn is not None else predictor.predict(step)
 
 
 def fuse(history: np.ndarray, pregate: np.ndarray, alpha: float) -> np.ndarray:
@@ -143,7 +138,7 @@ def fit_alphas(history, trace: RoutingTrace, *, max_tokens: int = 3000) -> np.nd
             for l in range(L):
                 step = t * L + l
                 history.observe(step, ids[step])
-                fc = _ahead(history, step, L)
+                fc = history.forecast(step, L)
                 for d in range(1, min(H, L - 1 - l, len(fc.steps)) + 1):
                     i = step + d - int(fc.steps[0])
                     g = rows[step, d - 1]

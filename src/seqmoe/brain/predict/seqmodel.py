@@ -45,7 +45,7 @@ import numpy as np
 
 from seqmoe.base.errors import UserError
 from seqmoe.brain.predict import _seq_kernels as kernels
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.brain.predict.buckets import bucket_of, bucket_table
 from seqmoe.trace.schema import RoutingTrace, check_dims
 
@@ -130,7 +130,7 @@ def layer_probs(logits: np.ndarray, top_k: int) -> np.ndarray:
     return np.minimum(e, 1.0, out=e)
 
 
-class SeqPredictor:
+class SeqPredictor(Predictor):
     """Incremental inference of the sequence forecaster; implements `Predictor`.
 
     Args:

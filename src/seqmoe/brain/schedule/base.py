@@ -7,6 +7,7 @@ earlier ones, earliest deadline first. The simulator and the runtime provide the
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 import numpy as np
@@ -57,12 +58,12 @@ class PoolView(Protocol):
         stays evicted); False if the copy has started or `uid` is not a queued prefetch."""
 
 
-class Prefetcher(Protocol):
-    """Called at the start of each token and after each layer's routing is revealed.
+class Prefetcher(ABC):
+    """Called at the start of each token and after each layer's routing is revealed."""
 
-    A prefetcher with a true attribute `replan_after_compute` is also called after each layer's
-    expert computation, when that layer's experts stop being pinned.
-    """
+    replan_after_compute: bool = False
+    """Also called after each layer's expert computation, when that layer's experts stop being pinned."""
 
+    @abstractmethod
     def plan(self, forecast: Forecast | None, view: PoolView) -> None:
         """Issue the prefetches worth issuing now through `view.prefetch` (forecast None: no predictor)."""

@@ -22,7 +22,7 @@ import numpy as np
 
 from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.predict.base import Forecast
-from seqmoe.brain.schedule.base import PoolView
+from seqmoe.brain.schedule.base import PoolView, Prefetcher
 
 
 def slots_by_deadline(deadlines: np.ndarray, length: float, start: float, limit: int) -> np.ndarray:
@@ -121,7 +121,7 @@ def plan_jobs_general(deadlines: np.ndarray, profits: np.ndarray, lengths: np.nd
     return np.array(chosen, dtype=np.int64)
 
 
-class DeadlinePrefetcher:
+class DeadlinePrefetcher(Prefetcher):
     """Re-plan the copies as job sequencing with deadlines at every decision point; issue the head.
 
     Candidates are the absent uids forecast with probability >= `min_prob` at some coming position

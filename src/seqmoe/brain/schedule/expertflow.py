@@ -30,7 +30,7 @@ import numpy as np
 
 from seqmoe.brain.policies.base import EvictionPolicy
 from seqmoe.brain.predict.base import Forecast
-from seqmoe.brain.schedule.base import PoolView
+from seqmoe.brain.schedule.base import PoolView, Prefetcher
 
 
 class ExpertFlowShared:
@@ -90,7 +90,7 @@ class TwoLevelLRUPolicy(EvictionPolicy):
             sh.over += 1
 
 
-class AdaptiveHorizonPrefetcher:
+class AdaptiveHorizonPrefetcher(Prefetcher):
     """Prefetch the experts of the layer S positions ahead; S adapts to stalls and over-prefetch."""
 
     def __init__(self, shared: ExpertFlowShared, *, mass: float = 0.1, adaptive: bool = True, fixed: int = 1) -> None:

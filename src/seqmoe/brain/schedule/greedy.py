@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from seqmoe.brain.predict.base import Forecast
-from seqmoe.brain.schedule.base import PoolView
+from seqmoe.brain.schedule.base import PoolView, Prefetcher
 
 
 def rank_candidates(forecast: Forecast, num_layers: int, min_prob: float, decay: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -36,7 +36,7 @@ def rank_candidates(forecast: Forecast, num_layers: int, min_prob: float, decay:
     return (steps % num_layers) * E + e[order], steps
 
 
-class GreedyPrefetcher:
+class GreedyPrefetcher(Prefetcher):
     """Issue likely experts in priority order while they can still arrive before their layer."""
 
     def __init__(self, *, min_prob: float = 0.2, decay: bool = False) -> None:

@@ -10,10 +10,10 @@ the slots allow. This is the ceiling any predictor can reach under the same chan
 from __future__ import annotations
 
 from seqmoe.brain.predict.base import Forecast
-from seqmoe.brain.schedule.base import PoolView
+from seqmoe.brain.schedule.base import PoolView, Prefetcher
 
 
-class OraclePrefetcher:
+class OraclePrefetcher(Prefetcher):
     """Issue the precomputed Belady copies as early as their victims allow (needs the future).
 
     Copies are considered in order within a window of the next `window` planned copies; one whose

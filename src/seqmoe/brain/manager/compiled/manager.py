@@ -54,8 +54,7 @@ def compile_blocker(system) -> str | None:
         return "its deadline scheduler needs the forecast policy that evicts as its valuation"
     if pre.max_jobs > COSTS_N:
         return f"its deadline scheduler plans more than {COSTS_N} jobs at once"
-    horizon = getattr(pred, "horizon", None)
-    if pred is None or horizon is None or horizon > 2 * system.policy.num_layers:
+    if pred is None or pred.horizon is None or pred.horizon > 2 * system.policy.num_layers:
         return "its forecast has no horizon within two tokens"
     return None
 
@@ -179,7 +178,7 @@ class CompiledManager(ManagerBase):
             prior = self._new_prior()
             if prior is not None:
                 self._set_prior(*prior)
-            far = getattr(self.predictor, "far", None)
+            far = self.predictor.far
             if far is not None and hasattr(self.system.policy, "set_far"):  # every cached prior and value is void
                 self.system.policy.set_far(far)  # the Python object stays the description of the state
                 self.F[FAR] = far

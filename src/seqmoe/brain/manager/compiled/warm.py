@@ -14,14 +14,14 @@ from seqmoe.brain.manager.base import System
 from seqmoe.brain.manager.driver import Driver
 from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.policies.lru import LRUPolicy
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
 
 _L, _E, _K = 2, 4, 2
 
 
-class _Steady:
+class _Steady(Predictor):
     """A forecaster that always expects the same experts (float32 rows, as the real ones give)."""
 
     horizon = 2 * _L

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.trace.schema import RoutingTrace
 
 
@@ -63,7 +63,7 @@ def chain_transitions(trans: np.ndarray, horizon: int) -> np.ndarray:
     return out
 
 
-class AffinityPredictor:
+class AffinityPredictor(Predictor):
     """Forecast the next `horizon` positions from the current position's experts."""
 
     def __init__(self, train: RoutingTrace, horizon: int | None = None) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Container, Sequence
 import numpy as np
 
 from seqmoe.brain.policies.base import EvictionPolicy
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.trace.schema import RoutingTrace
 
 
@@ -33,7 +33,7 @@ def request_eams(trace: RoutingTrace) -> np.ndarray:
     return (eam / np.diff(trace.request_offsets)[:, None]).astype(np.float32)
 
 
-class EAMPredictor:
+class EAMPredictor(Predictor):
     """Match the current request's EAM against the training collection; forecast from the best."""
 
     def __init__(self, train: RoutingTrace, horizon: int | None = None) -> None:

@@ -19,11 +19,11 @@ from __future__ import annotations
 import numpy as np
 
 from seqmoe.brain.predict.baselines.affinity import fit_transitions
-from seqmoe.brain.predict.base import Forecast
+from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.trace.schema import RoutingTrace
 
 
-class ExpertFlowPredictor:
+class ExpertFlowPredictor(Predictor):
     """Forecast the next `horizon` positions from the experts of the last `recent` positions."""
 
     def __init__(self, train: RoutingTrace, horizon: int | None = None, recent: int = 2) -> None:
