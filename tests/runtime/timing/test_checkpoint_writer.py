@@ -39,7 +39,7 @@ def test_an_existing_folder_is_refused_and_a_failed_write_leaves_nothing(tmp_pat
     (tmp_path / "there").mkdir()
     with pytest.raises(UserError, match="exists"):
         write_checkpoint("deepseek-v2-lite", tmp_path / "there", progress=False, **SHAPE)
-    import safetensors.torch
+    from seqmoe.runtime.timing import checkpoint
 
     calls = []
 
@@ -49,8 +49,8 @@ def test_an_existing_folder_is_refused_and_a_failed_write_leaves_nothing(tmp_pat
             raise OSError("disk full")
         real(tensors, path, metadata=metadata)
 
-    real = safetensors.torch.save_file
-    monkeypatch.setattr(safetensors.torch, "save_file", failing)
+    real = checkpoint.save_file
+    monkeypatch.setattr(checkpoint, "save_file", failing)
     with pytest.raises(OSError):
         write_checkpoint("deepseek-v2-lite", tmp_path / "new", progress=False, **SHAPE)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["there"]
