@@ -149,10 +149,3 @@ class ManagerBase:
             self.on_forecast(step, fc)
         return fc
 
-    def _new_prior(self):
-        """(use rates, reuse table) an online forecaster refitted at this token start, once; else None."""
-        pred = self.predictor
-        prior = pred.new_prior
-        if prior is not None:
-            pred.new_prior = None
-        return prior

@@ -327,7 +327,7 @@ class MemoryManager(ManagerBase):
         t0 = time.perf_counter()
         if pred is not None:
             pred.begin_token(step, token_id)
-            prior = self._new_prior()
+            prior = pred.take_prior()
             if prior is not None:
                 self.system.policy.set_prior(*prior)
             far = pred.far

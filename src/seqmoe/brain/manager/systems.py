@@ -11,6 +11,7 @@ modules say where they simplify. Oracles read the replayed trace's future.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -149,10 +150,7 @@ def build_system(name: str, inputs: SystemInputs, miss: str = "copy", twin: Twin
     """A fresh system by name (UserError naming the choices if unknown), serving its misses by
     `miss` unless it fixes its own path (`SystemSpec.miss`), and by `twin` where it says."""
     spec = system_spec(name)
-    system = spec.build(inputs)
-    system.miss = spec.miss or check_miss(miss)
-    system.twin = twin
-    return system
+    return dataclasses.replace(spec.build(inputs), miss=spec.miss or check_miss(miss), twin=twin)
 
 
 @register_system("on-demand-lru", "no prefetch; evict the least recently used expert", learns=False)

@@ -68,6 +68,13 @@ class Predictor(ABC):
         further when asked (evaluation, pre-gate fusion); default: `predict(step)`."""
         return self.predict(step)
 
+    def take_prior(self) -> tuple | None:
+        """`new_prior`, once: the manager takes it at a token start and hands it to its policy."""
+        prior = self.new_prior
+        if prior is not None:
+            self.new_prior = None
+        return prior
+
     def fork(self) -> Predictor:
         """A predictor for another sequence of a batch, sharing what was learned (default: a copy)."""
         return copy.deepcopy(self)

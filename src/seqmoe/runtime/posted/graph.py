@@ -103,10 +103,7 @@ class DecodeGraph:
         """Tell an offloaded model's hooks that DecodeGraph runs the decode step (warm-up, capture,
         or a step it opened): they post, and neither open nor close anything."""
         if self.runtime is not None:
-            ctrl = self.runtime.controller
-            ctrl.graph_step, ctrl.mailbox.muted = on, muted
-            if not on:
-                ctrl.posting = False
+            self.runtime.controller.run_graph_steps(on, muted)
 
     def _capture(self) -> None:
         if self.runtime is not None:

@@ -60,6 +60,13 @@ class PostedController(Controller):
             self._end_ledger()
             self._open = None
 
+    def run_graph_steps(self, on: bool, muted: bool = False) -> None:
+        """`DecodeGraph` runs the decode steps from now (`on`) or no longer: the hooks then post and
+        neither open nor close anything; `muted`: the mailbox ignores the posts (warm-up, capture)."""
+        self.graph_step, self.mailbox.muted = on, muted
+        if not on:
+            self.posting = False
+
     def graph_pre(self, token_input: torch.Tensor | None) -> None:
         """Pre-hook of a step DecodeGraph opened itself (or warms up, captures): post, reading nothing."""
         self.posting, self._token_input, self._posted = True, token_input, 0

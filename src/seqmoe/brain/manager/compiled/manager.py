@@ -175,11 +175,11 @@ class CompiledManager(ManagerBase):
         t0 = time.perf_counter()
         if self.predictor is not None:
             self.predictor.begin_token(step_, token_id)
-            prior = self._new_prior()
+            prior = self.predictor.take_prior()
             if prior is not None:
                 self._set_prior(*prior)
             far = self.predictor.far
-            if far is not None and hasattr(self.system.policy, "set_far"):  # every cached prior and value is void
+            if far is not None and self.S[POLICY] != POLICY_LRU:  # every cached prior and value is void
                 self.system.policy.set_far(far)  # the Python object stays the description of the state
                 self.F[FAR] = far
                 self.S[PRIOR_END] = -(1 << 40)

@@ -1,6 +1,6 @@
 """A sweep serial and as Ray tasks on a local Ray (issue 30): wall time of each, and rows the same.
 
-    python benchmarks/ray_sweep.py [--workload deepseek|tiny] [--systems a,b] [--residencies 0.25,0.45]
+    python benchmarks/ray_speedup.py [--workload deepseek|tiny] [--systems a,b] [--residencies 0.25,0.45]
         [--max-tokens N] [--address ADDRESS] [--shared ../shared] [--out results/ray_sweep.json]
 
 Five systems the Python reference manager runs (none has a compiled manager) at two residencies: 10
