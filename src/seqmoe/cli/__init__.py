@@ -12,6 +12,7 @@ holds what their parsing shares.
 from __future__ import annotations
 
 import sys
+import warnings
 
 from seqmoe.cli.args import Parser
 from seqmoe.cli.predict import add_predict_commands
@@ -20,6 +21,7 @@ from seqmoe.cli.serve import add_serve_commands
 from seqmoe.cli.sim import add_sim_commands
 from seqmoe.cli.trace import add_trace_commands
 from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.base import ReferenceManagerWarning
 
 
 def build_parser() -> Parser:
@@ -39,8 +41,18 @@ def build_parser() -> Parser:
     return p
 
 
+def _note(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command prints it: one line, without the source line that raised it."""
+    return f"seqmoe: note: {message}\n" if issubclass(category, ReferenceManagerWarning) else _plain(
+        message, category, filename, lineno, line)
+
+
+_plain = warnings.formatwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    warnings.formatwarning = _note  # this process is the command's: its notes read as its other lines
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv

@@ -11,47 +11,27 @@ runtime's control plane (over a live model's routers):
 Parts: `state` (the state machine and its `System` of policy, predictor and scheduler), `channel`
 (the copy channel), `driver` (the clock and the call order), `placement` (capacity, start
 placement, the checks of the inputs), `counts` (counts and the metric summary), `systems` (the
-named systems and what each declares).
+named systems and what each declares), `build` (which state machine runs a system). The names
+below are imported on first use: `seqmoe.config` reads the miss paths, placement checks and system
+specs without numba.
 """
 
-import warnings
+import importlib
 
-from seqmoe.brain.manager.base import PoolObserver, System
-from seqmoe.brain.manager.compiled import CompiledManager, compile_blocker
-from seqmoe.brain.manager.counts import SimCounts, summarize
-from seqmoe.brain.manager.driver import Driver
-from seqmoe.brain.manager.placement import capacity_for, check_capacity, check_residency, start_placement
-from seqmoe.brain.manager.state import MemoryManager
-from seqmoe.brain.manager.systems import SYSTEMS, SystemInputs, SystemSpec, build_system, system_spec
-
-
-class ReferenceManagerWarning(UserWarning):
-    """A system runs on the reference manager (Python): the same decisions and counts as compiled,
-    at a higher cost per decision."""
-
-
-def manager_kind(system: System, compiled: bool = True) -> dict:
-    """Which manager runs `system`: {"manager": "compiled"}, or {"manager": "reference",
-    "manager_reason": why} (`stats()["manager"]`, and a replay's row)."""
-    why = compile_blocker(system) if compiled else "the compiled manager was turned off (compiled=False)"
-    return {"manager": "compiled"} if why is None else {"manager": "reference", "manager_reason": why}
+_HOMES = {
+    "build": ("build_manager", "manager_kind"),
+    "base": ("PoolObserver", "ReferenceManagerWarning", "System"),
+    "counts": ("SimCounts", "summarize"),
+    "driver": ("Driver",),
+    "placement": ("capacity_for", "check_capacity", "check_residency", "start_placement"),
+    "state": ("MemoryManager",),
+    "systems": ("SYSTEMS", "SystemInputs", "SystemSpec", "build_system", "system_spec"),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+__all__ = list(_HOME)
 
 
-def build_manager(system: System, *, model, hardware, capacity: int, start, observer: PoolObserver | None = None,
-                  on_forecast=None, compiled: bool = True):
-    """The state machine that runs `system` over `capacity` slots from the `start` placement: the
-    compiled one when the system qualifies (`compile_blocker`) and `compiled`, else the reference
-    `MemoryManager`. Both make the same decisions; a system that could not run compiled is reported
-    (`ReferenceManagerWarning`), never silently slower."""
-    kind = manager_kind(system, compiled)
-    if kind["manager"] == "reference" and compiled:
-        warnings.warn(f"system {system.name!r} runs on the reference manager (Python; the same decisions, slower): "
-                      f"{kind['manager_reason']}", ReferenceManagerWarning, stacklevel=2)
-    cls = CompiledManager if kind["manager"] == "compiled" else MemoryManager
-    return cls(system, model=model, hardware=hardware, capacity=capacity, start=start, observer=observer,
-               on_forecast=on_forecast)
-
-
-__all__ = ["ReferenceManagerWarning", "manager_kind", "Driver", "MemoryManager", "PoolObserver", "System", "SimCounts", "summarize", "SYSTEMS", "SystemInputs",
-           "SystemSpec", "build_manager", "build_system", "system_spec", "capacity_for", "check_capacity",
-           "check_residency", "start_placement"]
+def __getattr__(name: str):
+    if name not in _HOME:
+        raise AttributeError(f"module 'seqmoe.brain.manager' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"seqmoe.brain.manager.{_HOME[name]}"), name)

@@ -42,6 +42,11 @@ class System:
     """Low-bit twins serve the misses of small gate weight (`seqmoe.brain.manager.miss_paths.Twin`); None: off."""
 
 
+class ReferenceManagerWarning(UserWarning):
+    """A system runs on the reference manager (Python): the same decisions and counts as compiled,
+    at a higher cost per decision."""
+
+
 class PoolObserver(Protocol):
     """Hears about slot changes as the state machine decides them (the runtime's data plane mirrors them)."""
 

@@ -28,7 +28,6 @@ from seqmoe.brain.predict.baselines.expertflow import ExpertFlowPredictor
 from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
 from seqmoe.brain.predict.oracle import OracleForecaster
 from seqmoe.brain.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
-from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW
 from seqmoe.brain.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
 from seqmoe.brain.schedule.expertflow import AdaptiveHorizonPrefetcher, ExpertFlowShared, TwoLevelLRUPolicy
@@ -294,6 +293,8 @@ def _seq(inp: SystemInputs, far_head: bool = True):
     if inp.predictor is None:
         raise UserError("this system needs a forecaster: pass --predictor DIR (see `seqmoe train`), or let it "
                         "learn online")
+    from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW  # numba: config reads this module's specs
+
     predictor = inp.predictor.with_window(DEFAULT_WINDOW, far_head=far_head)
     predictor.check_trace(inp.test)  # binds the replayed trace's vocabulary to the token hashes
     return predictor.use_drafter(make_drafter(inp.draft, inp.train))

@@ -15,9 +15,9 @@ manager does the same arithmetic with the same `DECAY` table).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-import numba as nb
 import numpy as np
 
 from seqmoe.trace.schema import RoutingTrace
@@ -86,9 +86,19 @@ def decayed_count(prev: np.ndarray | float, gap_tokens: np.ndarray | int) -> np.
     return (prev + 1.0) * DECAY[np.minimum(gap_tokens, len(DECAY) - 1)]
 
 
-@nb.njit(cache=True)
 def _recent_counts(uid, tok, decay):
     """The recent count at each use (uses sorted by uid, then token): `decayed_count` along each uid's uses."""
+    return _compiled(_recent_counts_loop)(uid, tok, decay)
+
+
+@functools.cache
+def _compiled(fn):
+    import numba  # numba: only when a table is fitted (config reads the systems without it)
+
+    return numba.njit(cache=True)(fn)
+
+
+def _recent_counts_loop(uid, tok, decay):
     out = np.zeros(len(uid))
     for i in range(1, len(uid)):
         if uid[i] == uid[i - 1]:

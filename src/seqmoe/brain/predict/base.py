@@ -91,3 +91,23 @@ class IgnoresHistory(Predictor):
 
     def observe(self, step: int, ids: np.ndarray) -> None:
         pass
+
+
+def topk_hits(probs: np.ndarray, truth: np.ndarray, k: int) -> np.ndarray:
+    """How many true experts land in the top-k of each row.
+
+    Args:
+        probs: [N, E] float, forecast rows.
+        truth: [N, K] int, the experts really used.
+        k: how many top entries count (ties broken by argpartition, i.e. arbitrarily).
+
+    Returns:
+        [N] int64, |top-k(row) ∩ truth| per row.
+    """
+    N, E = probs.shape
+    if k >= E:
+        return np.full(N, truth.shape[1], dtype=np.int64)
+    top = np.argpartition(-probs, k - 1, axis=1)[:, :k]  # [N, k]
+    chosen = np.zeros((N, E), dtype=bool)
+    np.put_along_axis(chosen, top, True, axis=1)
+    return np.take_along_axis(chosen, truth.astype(np.int64), axis=1).sum(axis=1)

@@ -25,7 +25,7 @@ import numpy as np
 from tqdm import tqdm
 
 from seqmoe.base.files import atomic_path
-from seqmoe.brain.predict.base import Predictor
+from seqmoe.brain.predict.base import Predictor, topk_hits
 from seqmoe.trace.schema import RoutingTrace
 
 BASE_HORIZONS = (1, 2, 4, 8, 13)
@@ -39,26 +39,6 @@ def default_horizons(num_layers: int, tokens: int = 2) -> tuple[int, ...]:
     hs = {h for h in BASE_HORIZONS if h < 2 * num_layers} | {num_layers, 2 * num_layers}
     hs |= {k * num_layers for k in FAR_TOKENS if k <= tokens}
     return tuple(sorted(hs))
-
-
-def topk_hits(probs: np.ndarray, truth: np.ndarray, k: int) -> np.ndarray:
-    """How many true experts land in the top-k of each row.
-
-    Args:
-        probs: [N, E] float, forecast rows.
-        truth: [N, K] int, the experts really used.
-        k: how many top entries count (ties broken by argpartition, i.e. arbitrarily).
-
-    Returns:
-        [N] int64, |top-k(row) ∩ truth| per row.
-    """
-    N, E = probs.shape
-    if k >= E:
-        return np.full(N, truth.shape[1], dtype=np.int64)
-    top = np.argpartition(-probs, k - 1, axis=1)[:, :k]  # [N, k]
-    chosen = np.zeros((N, E), dtype=bool)
-    np.put_along_axis(chosen, top, True, axis=1)
-    return np.take_along_axis(chosen, truth.astype(np.int64), axis=1).sum(axis=1)
 
 
 class _Scorer:

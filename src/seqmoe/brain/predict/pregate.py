@@ -22,8 +22,7 @@ import warnings
 import numpy as np
 
 from seqmoe.base.errors import UserError
-from seqmoe.brain.predict.base import Forecast, Predictor
-from seqmoe.brain.predict.evaluate import topk_hits
+from seqmoe.brain.predict.base import Forecast, Predictor, topk_hits
 from seqmoe.trace.schema import RoutingTrace
 
 ALPHAS = np.linspace(0.0, 1.0, 11)
