@@ -213,9 +213,9 @@ class SimConfig(ManagerConfig):
             if self.host_policy is not None:
                 raise UserError("--host-policy needs a host cache: give --host-memory or --host-residency")
             return None
-        if self.batch > 1 or self.twin is not None:
-            raise UserError("a disk tier (--host-memory, --host-residency) is modelled at batch 1 without twins: "
-                            "drop --batch and --twin")
+        if self.twin is not None:
+            raise UserError("a disk tier (--host-memory, --host-residency) holds no low-bit twins in host memory: "
+                            "drop --twin")
         if self.host_policy not in (None, *HOST_POLICIES):
             raise UserError(f"--host-policy must be one of {', '.join(HOST_POLICIES)}, got {self.host_policy!r}")
         model = get_model_profile(self.model_profile).at_precision(self.expert_dtype)

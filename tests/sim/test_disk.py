@@ -146,6 +146,39 @@ def test_the_two_tier_bound_holds_for_every_system_on_seqmoe_tiny():
         assert row["disk_belady_misses"] <= row["belady_misses"]  # more slots, fewer misses
 
 
+@pytest.mark.parametrize("name", ["on-demand-lru", "moe-infinity-style", "seqmoe-markov-forecast"])
+def test_a_batched_replay_with_a_disk_of_no_time_changes_nothing_but_the_disk_fields(name):
+    from seqmoe.sim.lockstep import lockstep
+
+    train, test = make_trace(seed=3), make_trace(seed=4, num_tokens=90, num_requests=6)
+    C = capacity_for(0.4, test.num_layers, test.num_experts)
+    start = start_placement(train, C)
+    plan = lockstep(test, 3)
+    model = tiny_model(test)
+    rows = []
+    for hw, host_rows in ((_hw(), None), (_hw(bandwidth=1e300, latency=0.0), 6), (_hw(), 6)):
+        system = build_system(name, SystemInputs(train=train, test=test, capacity=C, start=tuple(start),
+                                                 visits=plan.uids(test)))
+        c = simulate(test, system, model=model, hardware=hw, capacity=C, start=start, plan=plan, host_rows=host_rows)
+        rows.append(summarize(c, expert_bytes=model.expert_bytes))
+    base, free, slow = rows
+    assert free["disk_stall_s"] == 0.0 and free["disk_reads"] > 0 and free["steps"] < test.num_tokens
+    assert {k: v for k, v in free.items() if k not in DISK_FIELDS} == {k: v for k, v in base.items() if k not in DISK_FIELDS}
+    assert slow["disk_stall_s"] > 0 and slow["time_s"] > base["time_s"]
+
+
+def test_the_two_tier_bound_holds_for_batched_replays_on_seqmoe_tiny():
+    cfg = _tiny_cfg(residency=0.25, host_residency=0.4, batch=4)
+    w = load_workload(cfg)
+    for name in ("on-demand-lru", "moe-infinity-style", "belady"):
+        row = run_one(w, dataclasses.replace(cfg, system=name))
+        assert row["batch"] == 4 and row["steps"] < row["num_tokens"] and row["host_rows"] == int(0.4 * 8 * 32)
+        assert row["disk_bound_time_s"] == row["disk_belady_misses"] * row["disk_read_s"]
+        assert max(row["bound_time_s"], row["disk_bound_time_s"]) <= row["time_s"] * (1 + 1e-9), name
+        assert row["disk_reads"] >= row["disk_belady_misses"], name
+        assert row["disk_belady_misses"] <= row["belady_misses"]
+
+
 def test_without_a_host_cache_the_row_has_no_disk_fields():
     cfg = _tiny_cfg(residency=0.25)
     row = run_one(load_workload(cfg), cfg)
@@ -165,7 +198,7 @@ def test_host_memory_gives_rows_of_the_stores_precision():
     (dict(host_memory="1MiB", host_residency=0.5), "not both"),
     (dict(host_residency=1.5), r"\(0, 1\]"),
     (dict(host_memory="1MiB", hardware="user-file-less"), "unknown hardware profile"),
-    (dict(host_memory="1MiB", batch=2), "batch 1"),
+    (dict(host_memory="1MiB", twin="int4"), "no low-bit twins"),
     (dict(host_policy="lru"), "needs a host cache"),
     (dict(host_memory="1MiB", host_policy="mru"), "--host-policy must be one of"),
 ])

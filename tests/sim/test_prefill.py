@@ -157,3 +157,26 @@ def test_run_one_adds_prefill_without_changing_the_replay(tmp_path):
     assert main(args + ["--prompt-lengths", "0"]) == 2
     assert main(args + ["--prompt-lengths", "1000"]) == 2
     assert main(args + ["--prompt-lengths", "16,64"]) == 0
+
+
+def test_a_sweep_prices_prompts_in_each_row(tmp_path):
+    train, test = make_trace(num_tokens=300, seed=5, num_layers=4, num_experts=16, top_k=3), \
+        make_trace(num_tokens=240, num_requests=8, seed=1, num_layers=4, num_experts=16, top_k=3)
+    model, hw = tmp_path / "m.json", tmp_path / "hw.json"
+    model.write_text(json.dumps(_model(test).to_dict()))
+    hw.write_text(json.dumps(_hardware().to_dict()))
+    save_trace(test, tmp_path / "test.safetensors")
+    save_trace(train, tmp_path / "train.safetensors")
+    out = tmp_path / "rows.jsonl"
+    args = ["sweep", "--trace", str(tmp_path / "test.safetensors"), "--train", str(tmp_path / "train.safetensors"),
+            "--model-profile", str(model), "--hardware", str(hw), "--residencies", "0.3,0.5",
+            "--systems", "on-demand-lru,belady", "--prompt-lengths", "16,64", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 4 and all(set(row["prefill"]) == {"16", "64"} for row in rows)
+    single = tmp_path / "one.jsonl"  # a run's row as `sim` gives it for the same run
+    assert main(["sim", *args[1:9], "--residency", "0.5", "--system", "belady", "--prompt-lengths", "16,64",
+                 "--out", str(single), "--no-progress"]) == 0
+    assert rows[3]["prefill"] == json.loads(single.read_text())["prefill"]
+    assert main(args[:-3] + ["--batch", "2", "--out", str(out), "--no-progress"]) == 1  # runs fail, each says why
+    assert all("batch-1" in json.loads(line)["error"] for line in out.read_text().splitlines())

@@ -70,11 +70,12 @@ def cmd_sweep(args) -> int:
 
     try:
         if args.ray is not None:
-            rows = ray_sweep(runs, address=args.ray or None, progress=progress(args), on_row=show)
+            rows = ray_sweep(runs, address=args.ray or None, progress=progress(args), on_row=show,
+                             prompt_lengths=args.prompt_lengths)
         else:
             rows = arrived
             for row in run_sweep(cfg, systems, residencies, dtypes, progress=progress(args), keep_going=True,
-                                 traces=traces, hardware=hardware):
+                                 prompt_lengths=args.prompt_lengths, traces=traces, hardware=hardware):
                 show(row)
     except KeyboardInterrupt:
         print(f"seqmoe: interrupted after {len(arrived)} of {len(runs)} runs; {args.out} not written", file=sys.stderr)
@@ -89,6 +90,12 @@ def cmd_sweep(args) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _add_prompt_lengths(parser) -> None:
+    parser.add_argument("--prompt-lengths", type=prompt_lengths, default=(), metavar="N,N",
+                        help="also the time to first token of prompts of these many positions, from each system's "
+                        "pool at every request start (docs/DESIGN.md, prefill extension; batch 1; default: none)")
 
 
 def _list(text: str, flag: str) -> list[str]:
@@ -163,9 +170,7 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
                          "--hardware, with --system managing a pool of floor(residency x L x E) expert slots.")
     add_config_flags(sim, SimConfig)
     sim.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
-    sim.add_argument("--prompt-lengths", type=prompt_lengths, default=(), metavar="N,N",
-                     help="also the time to first token of prompts of these many positions, from each system's pool "
-                     "at every request start (docs/DESIGN.md, prefill extension; batch 1; default: none)")
+    _add_prompt_lengths(sim)
     sim.add_argument("--out", help="also write the result row to this JSONL file")
     sim.set_defaults(func=cmd_sim)
 
@@ -180,6 +185,7 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--expert-dtypes", default="none", metavar="PRECISIONS", help="comma-separated precisions of "
                        "the expert store (none: the model profile's; int8, int4, fp8); with --memory they compare at "
                        "equal memory (default: none)")
+    _add_prompt_lengths(sweep)
     sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
     sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")
     sweep.add_argument("--ray", nargs="?", const="", metavar="ADDRESS",

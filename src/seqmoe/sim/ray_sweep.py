@@ -40,13 +40,15 @@ _WORKLOADS: dict[str, Workload] = {}
 
 
 def ray_sweep(runs: list[SimConfig], *, address: str | None = None, progress: bool = False,
-              on_row: Callable[[dict], None] | None = None, workloads: dict[str, Workload] | None = None) -> list[dict]:
+              on_row: Callable[[dict], None] | None = None, workloads: dict[str, Workload] | None = None,
+              prompt_lengths: tuple[int, ...] = ()) -> list[dict]:
     """Run `runs` (`seqmoe.sim.run.sweep_runs`) as Ray tasks; their rows in the order of `runs`.
 
     address: an existing cluster's ("auto", "ray://host:10001", host:port); None starts a local Ray
     with a worker per core for the sweep and stops it after. A Ray already started in this process
     is used as it is. `on_row` gets each row as its task finishes; a progress bar counts them.
-    `workloads`: those already loaded, by trace (`run.trace`); the others are loaded here."""
+    `workloads`: those already loaded, by trace (`run.trace`); the others are loaded here.
+    `prompt_lengths`: every run also prices prompts of these lengths (`run_one`)."""
     ray = _import_ray()
     started = not ray.is_initialized()
     if started:
@@ -56,13 +58,14 @@ def ray_sweep(runs: list[SimConfig], *, address: str | None = None, progress: bo
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UserError(f"could not start or reach Ray at {address or 'a local instance'}: {e}") from None
     try:
-        return _run_all(ray, runs, progress, on_row, workloads or {})
+        return _run_all(ray, runs, progress, on_row, workloads or {}, tuple(prompt_lengths))
     finally:
         if started:
             ray.shutdown()
 
 
-def _run_all(ray, runs: list[SimConfig], progress: bool, on_row, loaded: dict[str, Workload]) -> list[dict]:
+def _run_all(ray, runs: list[SimConfig], progress: bool, on_row, loaded: dict[str, Workload],
+             prompt_lengths: tuple[int, ...]) -> list[dict]:
     run_task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_run)
     train_task = ray.remote(num_cpus=1, max_retries=MAX_RETRIES)(_forecaster)
     workloads, forecasters, needs = {}, {}, [None] * len(runs)
@@ -88,7 +91,8 @@ def _run_all(ray, runs: list[SimConfig], progress: bool, on_row, loaded: dict[st
                     i = min(ready, key=lambda i: (-took.get(_kind(runs[i]), math.inf), i))  # longest expected first
                     todo.remove(i)
                     box = [needs[i]] if needs[i] is not None else []
-                    running[run_task.remote(runs[i], [workloads[runs[i].trace]], box)] = (i, time.monotonic())
+                    running[run_task.remote(runs[i], [workloads[runs[i].trace]], box, prompt_lengths)] = (
+                        i, time.monotonic())
                 done = ray.wait([*running, *training], num_returns=1)[0][0]  # refs in lists above: fetched by the task
                 if done in training:
                     training.discard(done)
@@ -130,7 +134,7 @@ def _forecaster(workload: list):
     return seq_predictor_for(None, _workload(workload).train)
 
 
-def _run(run: SimConfig, workload: list, forecaster: list) -> dict:
+def _run(run: SimConfig, workload: list, forecaster: list, prompt_lengths: tuple[int, ...] = ()) -> dict:
     """The task of one run: its row (`run_or_error`)."""
     import ray  # ray: only when this runs
 
@@ -140,7 +144,7 @@ def _run(run: SimConfig, workload: list, forecaster: list) -> dict:
             w.predictors[run.predictor] = ray.get(forecaster[0])
         except ray.exceptions.RayTaskError as e:  # training failed: every run that needs it says why
             return error_row(run, f"training the forecaster failed: {e.cause if e.cause is not None else e}")
-    return run_or_error(w, run)
+    return run_or_error(w, run, prompt_lengths=prompt_lengths)
 
 
 def _import_ray():

@@ -46,7 +46,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
             bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
         host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.brain.manager.disk_clock`; the
-            hardware profile needs a disk; batch 1, no twins), starting with `start`'s rows; None:
+            hardware profile needs a disk; no twins), starting with `start`'s rows; None:
             every expert in host memory.
         host_policy: the host cache's policy ("lru" or "forecast"); None: `seqmoe.brain.manager.host_tier.host_policy`.
 
@@ -73,8 +73,6 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
 
 def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
     """The disk tier's clock for `simulate`: H = `rows` host rows holding `start`'s rows at first."""
-    if plan is not None and plan.batch > 1:
-        raise UserError("a disk tier (--host-memory, --host-residency) is modelled at batch 1 only: drop --batch")
     if system.twin is not None:
         raise UserError("the twin miss path reads low-bit twins from host memory, which a disk tier does not hold: "
                         "drop --twin")

@@ -114,9 +114,10 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
         n_opt = w.belady_misses[key]
     host_rows, disk_n_opt = cfg.host_rows(), None
     if host_rows is not None and n_opt is not None:  # the two tiers hold C + H experts (docs/DESIGN.md, "The disk tier")
-        key = (capacity + host_rows, 1, "fifo")
+        key = (capacity + host_rows, cfg.batch, cfg.admission if cfg.batch > 1 else "fifo")
         if key not in w.belady_misses:
-            w.belady_misses[key] = belady_misses(w.test_uids, capacity + host_rows, start, future)
+            w.belady_misses[key] = belady_misses(w.test_uids if visits is None else visits, capacity + host_rows,
+                                                 start, future)
         disk_n_opt = w.belady_misses[key]
     predictor, prior = None, None
     if system_spec(cfg.system).needs_predictor and cfg.online:
@@ -179,16 +180,16 @@ def sweep_runs(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, t
 
 
 def run_sweep(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, workload: Workload | None = None,
-              progress: bool = False, keep_going: bool = False, **grid):
+              progress: bool = False, keep_going: bool = False, prompt_lengths=(), **grid):
     """Yield one result row per run of `sweep_runs(cfg, systems, residencies, expert_dtypes, **grid)`,
     loading each trace once (`workload`: that of `cfg.trace`, already loaded). `keep_going`: a run
-    that fails gives its `error_row` and the sweep goes on."""
+    that fails gives its `error_row` and the sweep goes on. `prompt_lengths`: as `run_one`'s."""
     workloads = {} if workload is None else {cfg.trace: workload}
     for run in sweep_runs(cfg, systems, residencies, expert_dtypes, **grid):
         if run.trace not in workloads:
             workloads[run.trace] = load_workload(run)
         w = with_hardware(workloads[run.trace], run.hardware)
-        yield run_or_error(w, run, progress=progress) if keep_going else run_one(w, run, progress=progress)
+        yield (run_or_error if keep_going else run_one)(w, run, progress=progress, prompt_lengths=prompt_lengths)
 
 
 def with_hardware(w: Workload, hardware: str) -> Workload:
@@ -196,10 +197,10 @@ def with_hardware(w: Workload, hardware: str) -> Workload:
     return w if w.hardware.name == hardware else dataclasses.replace(w, hardware=get_hardware_profile(hardware))
 
 
-def run_or_error(w: Workload, cfg: SimConfig, *, progress: bool = False) -> dict:
+def run_or_error(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengths=()) -> dict:
     """`run_one(w, cfg)`, or its `error_row` if the run fails."""
     try:
-        return run_one(w, cfg, progress=progress)
+        return run_one(w, cfg, progress=progress, prompt_lengths=prompt_lengths)
     except Exception as e:  # the run's own error: reported in its row
         return error_row(cfg, e)
 

@@ -78,7 +78,11 @@ class Driver:
             pred.set_rows(lanes)
         self._batch = len(lanes)
         self.clock += self.manager.token_s
+        if self.disk is not None:
+            self.disk.token_start(self.clock)
         self.manager.token_start(self.tokens * self.L, self.clock, list(token_ids))
+        if self.disk is not None:
+            self.disk.after_token_start()
 
     def reveal(self, layer: int, ids: np.ndarray, uids=None, weights: np.ndarray | None = None) -> None:
         """Layer `layer` of the current step routed to `ids` ([K] expert ids; [B, K] in a step of B
