@@ -77,8 +77,8 @@ class ManagerConfig:
     expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
     """Precision of the expert store: int8, int4 or fp8 (groups of 64 weights with a float32 scale): host
     rows, copies, slots and reads carry the quantized bytes (a running model's experts are quantized once
-    at offload; restore() gives them back at this precision, as seqmoe.quantize_experts does); default:
-    the model's."""
+    at offload, or as each is read from disk with --host-memory; restore() gives them back at this
+    precision, as seqmoe.quantize_experts does); default: the model's."""
     host_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
     """Host memory for the routed experts, the rest streamed from the checkpoint on disk: a host cache of
     this many bytes (or a size like 8GiB) of expert rows of the store's precision in front of the disk
@@ -302,10 +302,9 @@ class OffloadConfig(ManagerConfig):
             parse_bytes(self.expert_memory, "expert_memory")
             if self.residency is not None:
                 raise UserError("give a residency or an expert memory budget, not both")
-        if self.host_memory is not None and (self.twin is not None or self.control == "thread"
-                                             or self.expert_dtype is not None):
-            raise UserError("experts streamed from disk (host_memory) run with inline control, without twins, "
-                            "at the checkpoint's precision: drop --control thread, --twin and --expert-dtype")
+        if self.host_memory is not None and (self.twin is not None or self.control == "thread"):
+            raise UserError("experts streamed from disk (host_memory) run with inline control, without twins: "
+                            "drop --control thread and --twin")
         check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
                           replay=self.replay is not None)
         if self.control is not None and self.control not in CONTROLS:

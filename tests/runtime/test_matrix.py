@@ -29,7 +29,7 @@ GEN = dict(max_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
 
 def _refused(storage: str, precision: str | None, control: str, batch: int, miss: str) -> str | None:
     """What the runtime refuses today (issue 40 builds them), as a pattern of its error."""
-    if storage == "disk" and (precision is not None or control == "thread"):
+    if storage == "disk" and control == "thread":
         return "streamed from disk"
     if control == "thread" and batch > 1 and miss == "auto":
         return "serves one sequence"

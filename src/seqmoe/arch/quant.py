@@ -86,14 +86,24 @@ class QuantLayout:
         """Quantize the parameters of `experts` into `out` [E, B] uint8 (one row per expert)."""
         for part in self.parts:
             p = getattr(experts, part.name).detach()
-            flat = p.reshape(p.shape[0], -1)
-            if part.code_bytes:
-                codes, scales = quantize(flat, self.precision)
-                out[:, part.offset:part.offset + part.code_bytes].copy_(codes)
-                at = part.offset + part.code_bytes
-                out[:, at:at + scales.shape[1] * SCALE_BYTES].copy_(scales.view(torch.uint8))
-            else:
-                out[:, part.offset:part.offset + part.raw_bytes].copy_(flat.contiguous().view(torch.uint8))
+            self._write(part, p.reshape(p.shape[0], -1), out)
+
+    def pack_rows(self, base_rows: torch.Tensor, out: torch.Tensor) -> None:
+        """Quantize `base_rows` [n, P] (experts packed by `base`, e.g. read from a checkpoint) into
+        `out` [n, B] uint8: the bytes `pack` gives for the same experts."""
+        views = self.base.views(base_rows)
+        for part in self.parts:
+            self._write(part, views[part.name].reshape(base_rows.shape[0], -1), out)
+
+    def _write(self, part: _Part, flat: torch.Tensor, out: torch.Tensor) -> None:
+        """Part `part` of n experts, `flat` [n, numel], into its bytes of `out` [n, B]."""
+        if part.code_bytes:
+            codes, scales = quantize(flat, self.precision)
+            out[:, part.offset:part.offset + part.code_bytes].copy_(codes)
+            at = part.offset + part.code_bytes
+            out[:, at:at + scales.shape[1] * SCALE_BYTES].copy_(scales.view(torch.uint8))
+        else:
+            out[:, part.offset:part.offset + part.raw_bytes].copy_(flat.contiguous().view(torch.uint8))
 
     def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parameters of an n-expert module dequantized from `rows` [n, B] ({name: [n, *shape]},

@@ -28,6 +28,7 @@ import torch
 from seqmoe.arch.collect import load_model
 from seqmoe.arch.collect.models import load_tokenizer
 from seqmoe.arch.model_dirs import has_tokenizer_files, resolve_model_dir
+from seqmoe.arch.quant import QuantLayout
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager import capacity_for
 from seqmoe.brain.manager.placement import capacity_for_bytes
@@ -55,6 +56,7 @@ def load(path, residency: float | None = None, *, host_memory=None, dtype=None, 
 
     def check(model, arch, layout):  # both budgets, before the dense part is read
         L, E, K = len(arch.moe), arch.num_experts, arch.top_k
+        layout = layout if cfg.expert_dtype is None else QuantLayout.of(layout, cfg.expert_dtype)  # the store's rows
         plan_disk(path, cfg, layout, L, E, K)
         if cfg.residency is not None:
             capacity_for(cfg.residency, L, E, K)

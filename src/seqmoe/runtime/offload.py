@@ -173,9 +173,9 @@ def _plan(model, cfg: OffloadConfig, source=None) -> _Plan:
     layouts = [arch.layout(x) for x in originals]
     if len(set(layouts)) > 1:
         raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
-    disk = plan_disk(source, cfg, layouts[0], L, E, K)
     if cfg.expert_dtype is not None:
         layouts = [QuantLayout.of(x, cfg.expert_dtype) for x in layouts]
+    disk = plan_disk(source, cfg, layouts[0], L, E, K)
     home = next(p.device for p in originals[0].parameters())
     device = resolve_device(cfg.device, torch.device("cpu") if home.type == "meta" else home)  # meta: on disk
     control = cfg.control_on(device.type) if disk is None else cfg.control or "inline"

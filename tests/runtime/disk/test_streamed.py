@@ -127,3 +127,24 @@ def test_a_checkpoint_changed_while_running_fails_loudly(tmp_path, damage):
                 _greedy(model)
     finally:
         rt.close()
+
+
+def test_an_int4_store_streams_from_a_checkpoint_of_the_models_dtype(checkpoints):
+    """Each row quantized as it is read: the cache holds int4 rows (more of them in the same bytes),
+    and the tokens are the quantized full model's."""
+    import copy
+
+    folder, full, _, _ = checkpoints["qwen3_moe"]
+    want = _greedy(seqmoe.quantize_experts(copy.deepcopy(full), "int4"))
+    host = _host_bytes(full, 0.3)
+    plain_model, plain = seqmoe.load(folder, residency=0.1, host_memory=host, system="on-demand-lru")
+    plain.close()
+    model, rt = seqmoe.load(folder, residency=0.1, host_memory=host, expert_dtype="int4", system="seqmoe", miss="auto")
+    try:
+        assert torch.equal(_greedy(model), want)
+        stats = rt.stats()
+        assert stats["expert_dtype"] == "int4" and stats["expert_bytes"] < plain.pool.expert_bytes / 3
+        assert rt.pool.cache.tier.rows > 3 * plain.pool.cache.tier.rows  # the same budget holds more experts
+        assert stats["host_expert_bytes"] <= host and stats["disk_reads"] > 0
+    finally:
+        rt.close()

@@ -12,7 +12,8 @@ this object executes its decisions: a row newly given to a uid is read by a read
 made under one lock with the rows that must not change (held, or being read) marked busy, so a
 row is never overwritten while it is read or used. A read that fails (a file missing, truncated or
 changed since loading) raises its `UserError` in the thread that waits for the row, and the row is
-dropped: nothing is computed from a partial row.
+dropped: nothing is computed from a partial row. A quantized store (`store`, a `QuantLayout` over the
+checkpoint's layout) quantizes each row as it is read, so the cache holds the store's bytes.
 """
 
 from __future__ import annotations
@@ -40,12 +41,16 @@ class HostCache:
         tier: the host tier deciding (its `rows` sets H).
         numel, dtype: P and the dtype of one packed row.
         pin: page-locked rows (a CUDA device copies from them).
+        store: the rows' layout when it is not the checkpoint's: a `QuantLayout` whose base is
+            `files.layout`, each row quantized as it is read (numel, dtype: the store's).
     """
 
-    def __init__(self, files, tier, numel: int, dtype: torch.dtype, *, pin: bool = False, readers: int = READERS) -> None:
-        self.files, self.tier = files, tier
+    def __init__(self, files, tier, numel: int, dtype: torch.dtype, *, pin: bool = False, readers: int = READERS,
+                 store=None) -> None:
+        self.files, self.tier, self.store = files, tier, store
         self.num_experts = tier.num_experts
         self.buf = torch.empty((tier.rows, numel), dtype=dtype, pin_memory=pin)
+        self._scratch = threading.local()  # a reader's row of the checkpoint's layout, for a quantized store
         self.content = np.full(tier.rows, -1, dtype=np.int64)  # the uid whose bytes a row holds (or is reading)
         self.refs = np.zeros(tier.rows, dtype=np.int64)
         self._reading: dict[int, Future] = {}  # row -> its read
@@ -92,7 +97,15 @@ class HostCache:
 
     def _read(self, uid: int, row: int) -> None:
         layer, e = divmod(uid, self.num_experts)
-        self.files.read_into(layer, e, self.buf[row])
+        if self.store is None:
+            self.files.read_into(layer, e, self.buf[row])
+        else:
+            raw = getattr(self._scratch, "row", None)
+            if raw is None:
+                base = self.files.layout
+                raw = self._scratch.row = torch.empty(base.numel, dtype=base.dtype)
+            self.files.read_into(layer, e, raw)
+            self.store.pack_rows(raw[None], self.buf[row:row + 1])
         n = self.files.expert_nbytes(layer, e)
         with self._lock:  # taken after `_place` recorded this read, so the entry is there to remove
             self.reads += 1

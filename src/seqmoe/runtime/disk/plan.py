@@ -28,7 +28,6 @@ class DiskPlan:
     """The checkpoint's expert tensors (`seqmoe.runtime.disk.checkpoint.ExpertFiles`)."""
     rows: int
     """H: rows of the host cache."""
-    layout: object
     num_layers: int
     num_experts: int
     cache: HostCache | None = field(default=None, init=False)
@@ -39,7 +38,8 @@ class DiskPlan:
         layer's host block as the runtime reads it."""
         L, E = self.num_layers, self.num_experts
         tier = HostTier(self.rows, L, E, policy=host_policy(system))
-        self.cache = HostCache(self.files, tier, layout.numel, layout.dtype, pin=device.type == "cuda")
+        store = None if layout == self.files.layout else layout  # a quantized store: rows quantized as read
+        self.cache = HostCache(self.files, tier, layout.numel, layout.dtype, pin=device.type == "cuda", store=store)
         undo.push(self.cache.close)
         return [self.cache.layer(l) for l in range(L)]
 
@@ -59,9 +59,10 @@ class DiskPlan:
 
     def first_expert(self, layer: int) -> dict[str, torch.Tensor]:
         """Expert 0 of MoE layer `layer`, read from disk: {parameter name: its slice}."""
-        row = torch.empty(self.layout.numel, dtype=self.layout.dtype)
+        layout = self.files.layout
+        row = torch.empty(layout.numel, dtype=layout.dtype)
         self.files.read_into(layer, 0, row)
-        return {name: v[0] for name, v in self.layout.views(row[None]).items()}
+        return {name: v[0] for name, v in layout.views(row[None]).items()}
 
     def observer(self, inner):
         """The manager's observer: the host cache hears which rows the ordered transfers need (their
@@ -70,8 +71,8 @@ class DiskPlan:
 
 
 def plan_disk(source, cfg, layout, num_layers: int, num_experts: int, top_k: int) -> DiskPlan | None:
-    """The disk tier `cfg` asks for over `source` (None: no source, experts in memory); UserError when
-    host_memory is given without a source or holds too few experts."""
+    """The disk tier `cfg` asks for over `source` (None: no source, experts in memory), its rows of
+    `layout` (the store's); UserError when host_memory is given without a source or holds too few experts."""
     if source is None:
         if cfg.host_memory is not None:
             raise UserError("host_memory streams the routed experts from a checkpoint on disk: load the model "
@@ -83,7 +84,7 @@ def plan_disk(source, cfg, layout, num_layers: int, num_experts: int, top_k: int
         budget = parse_bytes(cfg.host_memory, "host_memory")
         rows = host_rows_for(budget, layout.expert_bytes, num_layers, num_experts, top_k,
                              f"host_memory {format_bytes(budget)}")
-    return DiskPlan(source, rows, layout, num_layers, num_experts)
+    return DiskPlan(source, rows, num_layers, num_experts)
 
 
 class _CacheObserver:
