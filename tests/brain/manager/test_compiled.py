@@ -23,7 +23,7 @@ from seqmoe.brain.manager.base import System
 from seqmoe.brain.manager.state import MemoryManager
 from seqmoe.brain.manager.systems import SYSTEMS
 from seqmoe.brain.predict.baselines.affinity import AffinityPredictor
-from seqmoe.brain.predict.oracle import OracleForecaster
+from seqmoe.brain.predict.baselines.oracle import OracleForecaster
 from seqmoe.brain.predict.checkpoints import load_seq_predictor
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
 from seqmoe.sim import simulate

@@ -15,7 +15,7 @@ from seqmoe.brain.policies.belady import NEVER
 from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.policies.reuse import NUM_COUNT_CLASSES, decayed_count, fit_reuse_table
 from seqmoe.brain.predict.base import Forecast
-from seqmoe.brain.predict.oracle import OracleForecaster
+from seqmoe.brain.predict.baselines.oracle import OracleForecaster
 from seqmoe.brain.manager.placement import start_placement, uid_counts
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
 from tests.conftest import make_trace

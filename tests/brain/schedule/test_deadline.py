@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from seqmoe.brain.policies import BeladyPolicy, FutureUses, belady_misses
 from seqmoe.brain.policies.forecast import ForecastPolicy
 from seqmoe.brain.predict.base import Forecast
-from seqmoe.brain.predict.oracle import OracleForecaster
+from seqmoe.brain.predict.baselines.oracle import OracleForecaster
 from seqmoe.brain.schedule.deadline import (
     MAX_MARGIN, MIN_MARGIN, DeadlinePrefetcher, plan_jobs, plan_jobs_general, price_of_copy, slots_by_deadline,
 )

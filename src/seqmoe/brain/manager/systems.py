@@ -26,7 +26,7 @@ from seqmoe.brain.predict import AffinityPredictor, EAMPolicy, EAMPredictor
 from seqmoe.brain.predict.base import Predictor
 from seqmoe.brain.predict.baselines.expertflow import ExpertFlowPredictor
 from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
-from seqmoe.brain.predict.oracle import OracleForecaster
+from seqmoe.brain.predict.baselines.oracle import OracleForecaster
 from seqmoe.brain.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
 from seqmoe.brain.schedule import GreedyPrefetcher, OraclePrefetcher
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
