@@ -101,7 +101,17 @@ def test_run_one_reports_steps_and_refuses_what_it_cannot_replay(tmp_path):
     with pytest.raises(UserError, match="--batch"):
         SimConfig(trace="t", batch=0)
     with pytest.raises(UserError, match="exact routing"):
-        SimConfig(trace="t", batch=2, window_tokens=10)
+        SimConfig(trace="t", batch=2, twin="int4")
+    windowed = run_one(w, dataclasses.replace(cfg, window_tokens=30))
+    assert {k: v for k, v in windowed.items() if k not in ("windows", "config", "config_hash", "sim_wall_s",
+                                                            "activations_per_s", "decision_us_per_token")} == \
+        {k: v for k, v in row.items() if k not in ("config", "config_hash", "sim_wall_s", "activations_per_s",
+                                                    "decision_us_per_token")}
+    wins = windowed["windows"]  # each opens at the first step boundary at or after a multiple of 30 tokens
+    assert sum(x["tokens"] for x in wins) == 160 and len(wins) == 6
+    assert all(30 * i <= x["first_token"] < 30 * i + 4 for i, x in enumerate(wins))
+    assert [x["first_token"] for x in wins[1:]] == [sum(x["tokens"] for x in wins[:i + 1]) for i in range(len(wins) - 1)]
+    assert sum(x["time_s"] for x in wins) == pytest.approx(row["time_s"])
 
 
 @pytest.mark.parametrize("max_skips", [0, 2, 4])

@@ -40,9 +40,10 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
             False: the reference Python state machine (the same decisions, slower).
         max_kl: replay cache-aware routing with this budget, nats per token (`seqmoe.brain.rerouting`;
             the trace must hold `router_logits`); None: the recorded routing.
-        window_tokens: also count each window of this many tokens (`SimCounts.windows`).
+        window_tokens: also count each window of this many tokens (`SimCounts.windows`; batched: from the
+            first step boundary at or after each multiple of it).
         plan: decode the requests B at a time in lockstep (`seqmoe.sim.lockstep`; exact routing, no
-            twins, no windows); None: batch 1.
+            twins); None: batch 1.
         pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
             bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
         host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.brain.manager.disk_clock`; the
@@ -84,9 +85,9 @@ def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
 def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates) -> SimCounts:
     """`simulate`'s replay on `driver`."""
     if plan is not None and plan.batch > 1:
-        if max_kl is not None or gates is not None or window_tokens or pools:
-            raise UserError("a batched replay replays exact routing, without twins, windows or prompts")
-        return _simulate_batched(trace, driver, plan, progress, system.name)
+        if max_kl is not None or gates is not None or pools:
+            raise UserError("a batched replay replays exact routing, without twins or prompts")
+        return _simulate_batched(trace, driver, plan, progress, system.name, window_tokens)
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     L, K = trace.num_layers, trace.top_k
     flat = trace.uids().reshape(-1, K).astype(np.int64)  # [T * L, K]
@@ -122,12 +123,18 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
     return counts
 
 
-def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progress: bool, name: str) -> SimCounts:
-    """`simulate` over the steps of `plan`: each lane's token, every layer's [B, K] routing at once."""
+def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progress: bool, name: str,
+                      window_tokens: int | None = None) -> SimCounts:
+    """`simulate` over the steps of `plan`: each lane's token, every layer's [B, K] routing at once; a
+    window opens at the first step boundary at or after each multiple of `window_tokens` tokens decoded."""
     ids = trace.expert_ids
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
     bar = tqdm(total=plan.num_steps, disable=not progress, unit="step", desc=name, mininterval=0.5, leave=False)
+    windows, mark, edge = [], None, 0
     for s in range(plan.num_steps):
+        if window_tokens and driver.rows >= edge:
+            mark = _close_window(driver, windows, mark)
+            edge = (driver.rows // window_tokens + 1) * window_tokens
         lanes = np.flatnonzero(plan.rows[s] >= 0)
         rows = plan.rows[s, lanes]
         driver.step_start([tokens[t] for t in rows] if tokens is not None else [None] * len(rows),
@@ -139,7 +146,11 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
         if s % 64 == 63:
             bar.update(64)
     bar.close()
-    return driver.finish()
+    if window_tokens:
+        _close_window(driver, windows, mark)
+    counts = driver.finish()
+    counts.windows = windows or None
+    return counts
 
 
 def _close_window(driver: Driver, windows: list[dict], mark):
