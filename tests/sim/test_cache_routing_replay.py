@@ -64,6 +64,31 @@ def test_a_budget_saves_misses_within_it_and_both_managers_agree(name):
     assert _replay(trace, 0.2, name).misses < _replay(trace, 0.02, name).misses  # more budget, fewer misses
 
 
+@pytest.mark.parametrize("name", ["on-demand-lru", "seqmoe-markov-forecast"])
+def test_a_batched_replay_spends_each_rows_budget(name):
+    from seqmoe.sim.lockstep import lockstep
+
+    trace, train = logit_trace(num_tokens=300), logit_trace(seed=9)
+    trace = dataclasses.replace(trace, request_offsets=np.arange(0, 301, 30, dtype=np.int64))  # 10 requests
+    plan = lockstep(trace, 4)
+    C = capacity_for(0.25, trace.num_layers, trace.num_experts, trace.top_k)
+    start = start_placement(train, C)
+
+    def replay(max_kl, compiled=True):
+        system = build_system(name, SystemInputs(train=train, test=trace, capacity=C, start=tuple(start),
+                                                 visits=plan.uids(trace)))
+        return simulate(trace, system, model=tiny_model(trace), hardware=tiny_hardware(), capacity=C, start=start,
+                        max_kl=max_kl, compiled=compiled, plan=plan)
+
+    exact, zero = replay(None), replay(0.0)
+    assert _counts(zero) == _counts(exact) and zero.routing["substitutions"] == 0
+    c = replay(0.2)
+    assert c.misses < exact.misses and c.routing["substitutions"] > 0 and c.steps == exact.steps < 300
+    assert 0 < c.routing["mean_kl"] <= 0.2  # per token: each row spends its own budget
+    ref = replay(0.2, compiled=False)
+    assert _counts(ref) == _counts(c) and ref.routing == c.routing
+
+
 def test_a_trace_without_router_logits_is_refused():
     trace = make_trace(num_layers=4, num_experts=16)
     with pytest.raises(UserError, match="--router-logits"):

@@ -84,11 +84,11 @@ def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
 
 def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates) -> SimCounts:
     """`simulate`'s replay on `driver`."""
-    if plan is not None and plan.batch > 1:
-        if max_kl is not None or gates is not None or pools:
-            raise UserError("a batched replay replays exact routing, without twins or prompts")
-        return _simulate_batched(trace, driver, plan, progress, system.name, window_tokens)
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
+    if plan is not None and plan.batch > 1:
+        if gates is not None or pools:
+            raise UserError("a batched replay replays no twins or prompts")
+        return _simulate_batched(trace, driver, plan, progress, system.name, window_tokens, routing)
     L, K = trace.num_layers, trace.top_k
     flat = trace.uids().reshape(-1, K).astype(np.int64)  # [T * L, K]
     if not driver.manager.takes_arrays:
@@ -124,9 +124,10 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
 
 
 def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progress: bool, name: str,
-                      window_tokens: int | None = None) -> SimCounts:
-    """`simulate` over the steps of `plan`: each lane's token, every layer's [B, K] routing at once; a
-    window opens at the first step boundary at or after each multiple of `window_tokens` tokens decoded."""
+                      window_tokens: int | None = None, routing: CacheAwareRouting | None = None) -> SimCounts:
+    """`simulate` over the steps of `plan`: each lane's token, every layer's [B, K] routing at once (after
+    the cache-aware `routing`, each row within its own token's budget); a window opens at the first
+    step boundary at or after each multiple of `window_tokens` tokens decoded."""
     ids = trace.expert_ids
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
     bar = tqdm(total=plan.num_steps, disable=not progress, unit="step", desc=name, mininterval=0.5, leave=False)
@@ -141,7 +142,12 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
                           plan.new[s, lanes].tolist(), lanes.tolist())
         step_ids = ids[rows]  # [B, L, K]
         for l in range(trace.num_layers):
-            driver.reveal(l, step_ids[:, l])
+            routed = step_ids[:, l]
+            if routing is not None:
+                got = routing.substitute(l, lambda: trace.router_logits[rows, l].astype(np.float64),
+                                         lambda: trace.gate_weights[rows, l].astype(np.float64), routed)
+                routed = routed if got is None else got[1].astype(routed.dtype)
+            driver.reveal(l, routed)
             driver.layer_end(l)
         if s % 64 == 63:
             bar.update(64)
@@ -150,6 +156,7 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
         _close_window(driver, windows, mark)
     counts = driver.finish()
     counts.windows = windows or None
+    counts.routing = None if routing is None else routing.stats()
     return counts
 
 
