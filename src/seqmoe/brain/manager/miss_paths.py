@@ -10,6 +10,11 @@ slot (its keep value above the victim's, for policies that value experts), else 
 an expert served on the CPU while the link is idle and worth its slot is also copied in behind
 (a prefetch due at its layer of the next token).
 
+Each path is a `MissPath` object that says what it does (takes a slot, runs on the host CPU, reads a
+twin), and each option a `MissRule` (a fixed path, or `auto`); they carry the compiled manager's
+codes. This is the only module that reads their names: add a path here, its kernel in
+`compiled/miss_paths.py`, and what the observers do with it (`PoolObserver.on_off_pool`).
+
 Beside them, off by default, a low-bit twin (`Twin`; HOBBIT's mixed-precision loading is the
 anchor): every expert may also keep a copy at a lower precision in host memory, and a miss whose
 gate weight is small is served by reading its twin over the link for this one activation (fewer
@@ -34,6 +39,7 @@ import numpy as np
 
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import PRECISIONS
+
 
 @dataclass(frozen=True)
 class MissPath:
