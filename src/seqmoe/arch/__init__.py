@@ -16,7 +16,7 @@ The adapters need torch; `model_dirs` does not, so this package imports its modu
 a command checks its model argument before torch loads.
 """
 
-import importlib
+from seqmoe.base.lazy import lazy_exports
 
 _HOMES = {
     "adapter": ("ModelArch", "MoeLayer", "model_arch", "moe_layers", "unpack_router_output", "check_experts",
@@ -26,10 +26,4 @@ _HOMES = {
     "layout": ("ExpertLayout",),
 }
 __all__ = [name for names in _HOMES.values() for name in names]
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'seqmoe.arch' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"seqmoe.arch.{_HOME[name]}"), name)
+__getattr__ = lazy_exports(__name__, _HOMES)

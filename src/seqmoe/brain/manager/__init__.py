@@ -16,7 +16,7 @@ below are imported on first use: `seqmoe.config` reads the miss paths, placement
 specs without numba.
 """
 
-import importlib
+from seqmoe.base.lazy import lazy_exports
 
 _HOMES = {
     "build": ("build_manager", "manager_kind"),
@@ -27,11 +27,5 @@ _HOMES = {
     "state": ("MemoryManager",),
     "systems": ("SYSTEMS", "SystemInputs", "SystemSpec", "build_system", "system_spec"),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
-__all__ = list(_HOME)
-
-
-def __getattr__(name: str):
-    if name not in _HOME:
-        raise AttributeError(f"module 'seqmoe.brain.manager' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"seqmoe.brain.manager.{_HOME[name]}"), name)
+__all__ = [name for names in _HOMES.values() for name in names]
+__getattr__ = lazy_exports(__name__, _HOMES)
