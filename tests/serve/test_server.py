@@ -203,10 +203,15 @@ def test_ten_concurrent_streaming_clients(cli_server):
         # A leaked handler or stream of any size shows in open_requests.
         assert end["server"]["open_requests"] == 0
         rss.append(end["rss_bytes"])
-    # A leak grows every burst; the allocator grows in steps (measured: one or two bursts of 1-3 MiB, the others
-    # under 0.1 MiB), so the median growth per burst is the leak's. The bound catches about 60 KB per request or
-    # more; the runtime's trace of every position, which `seqmoe serve` no longer keeps, leaked ~0.2 MB per request.
+    # A leak grows every burst, so both the median growth per burst and the net growth per burst are at least
+    # the leak's. The allocator grows in steps (measured: one or two bursts of 1-3 MiB, the others under 0.1 MiB),
+    # which the median ignores, and RSS also swings by 1-2 MiB both ways between bursts (measured once:
+    # -1.6, -1.0, +0.9, +1.0, +2.5 MiB), which the net growth cancels; the smaller of the two must stay under the
+    # bound. It catches about 60 KB per request or more; the runtime's trace of every position, which
+    # `seqmoe serve` no longer keeps, leaked ~0.2 MB per request.
     growth = sorted(b - a for a, b in zip(rss, rss[1:]))
+    median, net = growth[len(growth) // 2], (rss[-1] - rss[0]) / (len(rss) - 1)
     print(f"RSS after one burst of 10 concurrent clients {rss[0] / 2**20:.1f} MiB, after six "
           f"{rss[-1] / 2**20:.1f} MiB; growth per burst (MiB) {[round(g / 2**20, 2) for g in growth]}")
-    assert growth[len(growth) // 2] < 0.6 * 2**20, f"RSS grew by a median {growth[len(growth) // 2] / 2**20:.2f} MiB per burst"
+    assert min(median, net) < 0.6 * 2**20, (f"RSS grew by a median {median / 2**20:.2f} MiB and a net "
+                                             f"{net / 2**20:.2f} MiB per burst")
