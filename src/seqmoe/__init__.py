@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    """`seqmoe.offload`, `seqmoe.load` and `seqmoe.quantize_experts` import the runtime (and torch) on
-    first use only."""
+    """`seqmoe.offload`, `seqmoe.load`, `seqmoe.convert` and `seqmoe.quantize_experts` import the runtime
+    (and torch) on first use only."""
     if name == "offload":
         from seqmoe.runtime import offload  # numba, torch: only when this runs
 
@@ -26,6 +26,10 @@ def __getattr__(name: str):
         from seqmoe.runtime.load import load  # numba, torch: only when this runs
 
         return load
+    if name == "convert":
+        from seqmoe.runtime.disk.convert import convert  # torch: only when this runs
+
+        return convert
     if name == "quantize_experts":
         from seqmoe.arch.quant import quantize_experts  # torch: only when this runs
 

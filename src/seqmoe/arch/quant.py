@@ -5,6 +5,7 @@ quantization applied to a model in place.
     layout.pack(experts, host)       # host [E, B] uint8: codes and float32 scales per weight matrix
     layout.views(host[[3, 5]])       # {"gate_up_proj": [2, 2I, H], ...}: dequantized, the model's dtype
     quantize_experts(model, "int4")  # the model's experts replaced by the same dequantized weights
+    converted_precision(folder)      # "int4" for a folder `seqmoe convert` wrote, None otherwise
 
 The format is `seqmoe.costs.precision`'s (groups of 64 weights, symmetric absmax, float32 scales; fp8 as
 torch's float8_e4m3fn). A row holds, for each parameter of the expert in layout order, its codes
@@ -20,13 +21,16 @@ machine and add seconds to every import.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from seqmoe.arch.adapter import model_arch
 from seqmoe.arch.layout import ExpertLayout
+from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, check_precision, quantized_bytes
 
 
@@ -194,3 +198,28 @@ def quantize_experts(model: torch.nn.Module, precision: str) -> torch.nn.Module:
             param = getattr(experts, name)
             param.data = value.to(param.device).contiguous()
     return model
+
+
+CONVERTED = "seqmoe_experts.json"
+"""The file that marks a checkpoint folder written by `seqmoe convert` (docs/DESIGN.md, "Converted checkpoints")."""
+ROWS_SUFFIX = "seqmoe_rows"
+"""A converted MoE layer's experts are one [E, B] uint8 tensor, `{experts module path}.seqmoe_rows`."""
+CONVERTED_FORMAT = 1
+
+
+def converted_precision(folder) -> str | None:
+    """The expert precision of a folder `seqmoe convert` wrote (None: not converted); UserError when its
+    marker is malformed or of a format this version does not read."""
+    path = Path(folder) / CONVERTED
+    if not path.is_file():
+        return None
+    try:
+        meta = json.loads(path.read_text())
+        fmt, precision = meta["format"], meta["precision"]
+    except (ValueError, KeyError, TypeError):
+        raise UserError(f"{path} is malformed (want JSON with format and precision); convert the checkpoint "
+                        "again") from None
+    if fmt != CONVERTED_FORMAT:
+        raise UserError(f"{path} is format {fmt!r}; this seqmoe reads format {CONVERTED_FORMAT}: convert the "
+                        "checkpoint again with it")
+    return check_precision(precision)

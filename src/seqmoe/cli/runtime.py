@@ -1,9 +1,10 @@
-"""`seqmoe generate` and `seqmoe bench-runtime`: the routed experts offloaded to a C-slot device pool.
+"""`seqmoe generate`, `seqmoe convert` and `seqmoe bench-runtime`: the routed experts offloaded to a C-slot device pool.
 
     seqmoe generate --model seqmoe-tiny --prompt "Once upon a time" --residency 0.3 --system on-demand-lru
     seqmoe generate --model models/olmoe --prompt "..." --residency 0.5 --system seqmoe \\
         --train results/olmoe/train.safetensors --predictor results/predictor-olmoe --max-new-tokens 64 --json
     seqmoe bench-runtime --model seqmoe-tiny --residencies 0.25,0.45,0.65 --out bench.jsonl
+    seqmoe convert models/olmoe models/olmoe-int4 --expert-dtype int4
 
 The offload flags are generated from `LoadConfig` and `OffloadConfig` (`seqmoe.config`), which check
 every value before anything loads; `seqmoe.runtime.load` loads and offloads the model (as `seqmoe
@@ -15,6 +16,7 @@ imported only when a command runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -30,7 +32,7 @@ from seqmoe.config import (
     check_bench,
     check_live_system,
 )
-from seqmoe.costs.precision import format_bytes
+from seqmoe.costs.precision import PRECISIONS, format_bytes
 from seqmoe.trace.io import load_trace
 
 
@@ -60,6 +62,20 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
                      "decode step captured once as a CUDA graph (implies --control thread)")
     gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
     gen.set_defaults(func=run_generate)
+
+    c = subparsers.add_parser(
+        "convert",
+        help="write a checkpoint once with its routed experts quantized (int8, int4, fp8)",
+        description="Read the safetensors checkpoint in SRC and write DST (a new folder): the dense tensors and "
+        "other files unchanged, the routed experts in seqmoe's quantized rows (docs/DESIGN.md, 'Converted "
+        "checkpoints'). seqmoe.load, generate and serve open DST and stream its bytes. DST appears whole or not at "
+        "all.",
+    )
+    c.add_argument("src", metavar="SRC", help="the checkpoint folder (save_pretrained's, safetensors)")
+    c.add_argument("dst", metavar="DST", help="the folder to write (must not exist)")
+    c.add_argument("--expert-dtype", required=True, choices=PRECISIONS, help="the routed experts' precision")
+    c.add_argument("--json", action="store_true", help="print the byte counts as one JSON object")
+    c.set_defaults(func=run_convert)
 
     b = subparsers.add_parser(
         "bench-runtime",
@@ -96,6 +112,20 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def _mib(n: int) -> str:
     return f"{n / 2**20:.2f} MiB"
+
+
+def run_convert(args) -> int:
+    from seqmoe.runtime.disk.convert import convert  # torch: only when this runs
+
+    report = convert(args.src, args.dst, args.expert_dtype, progress=progress(args))
+    if args.json:
+        print(json.dumps(dataclasses.asdict(report)))
+    else:
+        ratio = report.expert_bytes_after / max(report.expert_bytes_before, 1)
+        print(f"wrote {report.folder}: routed experts {_mib(report.expert_bytes_before)} -> "
+              f"{_mib(report.expert_bytes_after)} at {report.precision} ({ratio:.2f}x), dense part "
+              f"{_mib(report.dense_bytes)} unchanged")
+    return 0
 
 
 def run_generate(args) -> int:

@@ -5,6 +5,9 @@ what `seqmoe generate` and `seqmoe serve` do before they decode (`load_offloaded
     loaded = load_offloaded(LoadConfig(model="seqmoe-tiny"), OffloadConfig(residency=0.3), needs="...")
     loaded.model, loaded.tokenizer, loaded.runtime
 
+A folder `seqmoe convert` wrote always loads through `load` (with all its experts in the host cache
+unless `host_memory` says otherwise): its rows are already the store's.
+
 `load` builds the model with its dense part read from the checkpoint and its routed experts never
 in memory (`disk.skeleton.load_skeleton`); `offload` then runs it over a device pool of C slots and
 a host cache of `host_memory` bytes of expert rows in front of the checkpoint's files (`disk.plan`,
@@ -28,7 +31,7 @@ import torch
 from seqmoe.arch.collect import load_model
 from seqmoe.arch.collect.models import load_tokenizer
 from seqmoe.arch.model_dirs import has_tokenizer_files, resolve_model_dir
-from seqmoe.arch.quant import QuantLayout
+from seqmoe.arch.quant import QuantLayout, converted_precision
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager import capacity_for
 from seqmoe.brain.manager.placement import capacity_for_bytes
@@ -53,6 +56,11 @@ def load(path, residency: float | None = None, *, host_memory=None, dtype=None, 
     """
     given = {k: v for k, v in (("residency", residency), ("host_memory", host_memory)) if v is not None} | options
     cfg = dataclasses.replace(config, **given) if config is not None else OffloadConfig(**given)
+    stored = converted_precision(path)  # a folder seqmoe convert wrote: its experts stay at its precision
+    if stored is not None and cfg.expert_dtype not in (None, stored):
+        raise UserError(f"{path} holds {stored} experts (seqmoe convert): they cannot be stored at "
+                        f"{cfg.expert_dtype}; drop expert_dtype, or convert the original checkpoint")
+    cfg = dataclasses.replace(cfg, expert_dtype=stored or cfg.expert_dtype)
 
     def check(model, arch, layout):  # both budgets, before the dense part is read
         L, E, K = len(arch.moe), arch.num_experts, arch.top_k
@@ -94,11 +102,12 @@ def load_offloaded(load_cfg: LoadConfig, cfg: OffloadConfig, *, needs: str, prog
         cfg = dataclasses.replace(cfg, train=load_trace(cfg.train))
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
     cfg = dataclasses.replace(cfg, device=str(device))
-    if cfg.host_memory is not None:  # the experts stay on disk: build the model without them
-        tokenizer = load_tokenizer(resolve_model_dir(load_cfg.model))
+    folder = resolve_model_dir(load_cfg.model)
+    if cfg.host_memory is not None or converted_precision(folder):  # experts read from disk, never as a full model
+        tokenizer = load_tokenizer(folder)
         if tokenizer is None:
             raise UserError(f"{load_cfg.model}'s tokenizer files do not load; {needs}")
-        model, runtime = load(resolve_model_dir(load_cfg.model), config=cfg,
+        model, runtime = load(folder, config=cfg,
                               dtype=None if load_cfg.dtype == "auto" else load_cfg.dtype)
         return Loaded(model, tokenizer, runtime)
     model, tokenizer = load_model(load_cfg.model, device="cpu", dtype=load_cfg.dtype, progress=progress)

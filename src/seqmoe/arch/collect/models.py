@@ -17,6 +17,7 @@ import torch
 
 from seqmoe.arch import MoeLayer, moe_layers
 from seqmoe.arch.model_dirs import DTYPES, has_tokenizer_files, resolve_model_dir
+from seqmoe.arch.quant import converted_precision
 from seqmoe.base.errors import UserError
 
 __all__ = ["load_model", "moe_layers", "MoeLayer", "resolve_model_dir"]
@@ -50,6 +51,9 @@ def load_model(
     path = resolve_model_dir(name_or_path)
     if dtype not in DTYPES:
         raise UserError(f"unknown dtype {dtype!r}; choose from {', '.join(DTYPES)}")
+    if converted_precision(path):
+        raise UserError(f"{path} holds routed experts converted by seqmoe convert, which transformers does not "
+                        "read: load it with seqmoe.load (seqmoe generate/serve do), or use the original checkpoint")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     bars = transformers.utils.logging

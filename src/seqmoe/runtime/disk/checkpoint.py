@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch.layout import ExpertLayout
+from seqmoe.arch.quant import ROWS_SUFFIX, QuantLayout
 from seqmoe.runtime.disk.index import CheckpointChanged, CheckpointIndex
 from seqmoe.runtime.disk.reader import DiskReader, ShortRead
 from seqmoe.base.errors import UserError
@@ -88,7 +89,9 @@ class ExpertFiles:
         shaped unlike `layout`, or a quantized checkpoint. `mode`: the DiskReader's ("direct", "buffered")."""
         index = index or CheckpointIndex.open(Path(folder))
         plans, keys = [], set()
-        for layer, path in enumerate(experts_paths):
+        if isinstance(layout, QuantLayout):  # a converted checkpoint: its rows as the store keeps them
+            plans = [_rows_plans(index, layout, layer, path, num_experts, keys) for layer, path in enumerate(experts_paths)]
+        for layer, path in enumerate(experts_paths if not plans else ()):
             prefix = _experts_prefix(index, path)
             plans.append([_plan(index, layout, layer, path, prefix, e, num_experts, keys) for e in range(num_experts)])
         return cls(index, DiskReader(mode), plans, layout, tuple(experts_paths), keys)
@@ -208,6 +211,22 @@ def _plan(index, layout, layer, path, prefix, e, E, keys) -> tuple[_Read, ...]:
         group.append(p)
     reads.append(_join(group))
     return tuple(reads)
+
+
+def _rows_plans(index, layout: QuantLayout, layer, path, E, keys) -> list[tuple[_Read, ...]]:
+    """Expert e of a converted layer: row e of its [E, B] uint8 tensor, one read."""
+    key = f"{path}.{ROWS_SUFFIX}"
+    entry = index.tensors.get(key)
+    if entry is None:
+        raise UserError(f"the converted checkpoint in {index.folder} has no {key} (layer {layer}'s experts): it "
+                        "was not converted from this model; convert it again")
+    B = layout.numel
+    if entry.dtype != torch.uint8 or entry.shape != (E, B):
+        raise UserError(f"{key} in {index.folder} is {list(entry.shape)} {entry.dtype}, but {layout.precision} rows "
+                        f"of this model are [{E}, {B}] uint8: it was converted at another dtype or from another "
+                        "model; load it with the dtype it was converted at, or convert it again")
+    keys.add(key)
+    return [(_Read(entry.file, entry.offset + e * B, B, (_Piece(0, B, torch.uint8, 0, B),)),) for e in range(E)]
 
 
 def _join(group: list[tuple]) -> _Read:

@@ -1,13 +1,15 @@
 """`load_skeleton`: a transformers MoE model with everything but its routed experts read from the checkpoint.
 
     model, skel = load_skeleton(folder)          # experts' parameters stay on the meta device
+    model, experts_paths, layout = meta_model(folder)   # nothing read: shapes only
     files = skel.open_files()                    # ExpertFiles for the experts (checkpoint.py)
 
 The model is built on the meta device (no memory), then each parameter and persistent buffer other
 than the routed experts' is read from the checkpoint on its own (its exact key, else the family's
 rename, e.g. Mixtral's `block_sparse_moe`), the non-persistent buffers (rotary `inv_freq`) are
 recomputed by the model's own `_init_weights`, and tied embeddings are tied again. Peak memory is
-the dense part: no expert byte is read here.
+the dense part: no expert byte is read here. A folder `seqmoe convert` wrote opens its experts as the
+rows of its precision (`Skeleton.layout` a `QuantLayout`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import torch
 
 from seqmoe.arch import ExpertLayout, model_arch
+from seqmoe.arch.quant import QuantLayout, converted_precision
 from seqmoe.base.errors import UserError
 from seqmoe.runtime.disk.checkpoint import ExpertFiles, checkpoint_keys
 from seqmoe.runtime.disk.index import CheckpointIndex, refuse_quantized
@@ -32,7 +35,8 @@ class Skeleton:
     folder: Path
     experts_paths: tuple[str, ...]
     """Per MoE layer (the order of `model_arch(model).moe`), the module path of its routed experts."""
-    layout: ExpertLayout
+    layout: ExpertLayout | QuantLayout
+    """The experts' rows as the files hold them."""
     num_experts: int
     index: CheckpointIndex
     dense_bytes: int
@@ -49,6 +53,30 @@ def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str |
     on the meta device and everything else read from the checkpoint. `dtype`: the model's (default: the
     config's, else float32). `check(model, arch, layout)`: runs on the meta model, before anything is
     read (budgets fail first). UserError for a quantized checkpoint or model keys the checkpoint lacks."""
+    folder = Path(folder)
+    model, experts_paths, layout = meta_model(folder, dtype)
+    if check is not None:
+        check(model, model_arch(model), layout)
+    skip = {f"{p}.{n}" for p in experts_paths for n in layout.names}
+    index = CheckpointIndex.open(folder)
+    nbytes = _materialise(model, index, skip, mode)
+    _init_nonpersistent(model)
+    if model.config.get_text_config().tie_word_embeddings:
+        model.tie_weights()
+    left = [n for n, p in model.named_parameters() if p.is_meta and n not in skip]
+    left += [n for n, b in model.named_buffers() if b.is_meta]
+    if left:
+        raise UserError(f"the checkpoint in {folder} lacks {', '.join(left[:8])}{' ...' if len(left) > 8 else ''} "
+                        f"({len(left)} model tensors); it was not saved from a {type(model).__name__}")
+    precision = converted_precision(folder)
+    stored = layout if precision is None else QuantLayout.of(layout, precision)
+    return model.eval(), Skeleton(folder, experts_paths, stored, model_arch(model).num_experts, index, nbytes)
+
+
+def meta_model(folder, dtype: torch.dtype | str | None = None):
+    """(model, experts_paths, layout): the `*ForCausalLM` of `folder`'s config.json on the meta device (no
+    memory), the module path of each MoE layer's routed experts, and their layout at the model's dtype
+    (default: the config's, else float32). UserError for a checkpoint quantized by another tool."""
     from transformers import AutoConfig, AutoModelForCausalLM  # transformers: only when this runs
 
     folder = Path(folder)
@@ -62,21 +90,7 @@ def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str |
     arch = model_arch(model)
     names = {id(m): n for n, m in model.named_modules()}
     experts_paths = tuple(names[id(m.experts)] for m in arch.moe)
-    layout = arch.layout(arch.moe[0].experts)  # shapes and dtype only: works on meta parameters
-    if check is not None:
-        check(model, arch, layout)
-    skip = {f"{p}.{n}" for p in experts_paths for n in layout.names}
-    index = CheckpointIndex.open(folder)
-    nbytes = _materialise(model, index, skip, mode)
-    _init_nonpersistent(model)
-    if config.get_text_config().tie_word_embeddings:
-        model.tie_weights()
-    left = [n for n, p in model.named_parameters() if p.is_meta and n not in skip]
-    left += [n for n, b in model.named_buffers() if b.is_meta]
-    if left:
-        raise UserError(f"the checkpoint in {folder} lacks {', '.join(left[:8])}{' ...' if len(left) > 8 else ''} "
-                        f"({len(left)} model tensors); it was not saved from a {type(model).__name__}")
-    return model.eval(), Skeleton(folder, experts_paths, layout, arch.num_experts, index, nbytes)
+    return model, experts_paths, arch.layout(arch.moe[0].experts)  # shapes and dtype: works on meta parameters
 
 
 def _resolve_dtype(dtype) -> torch.dtype:
