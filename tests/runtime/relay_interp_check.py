@@ -45,8 +45,8 @@ def check_waits() -> None:
     at = (5 % 4) * L + 1
     x, index, w = torch.randn(1, H), torch.tensor([[4, 2]]), torch.tensor([[0.75, 0.25]])
     k.post(1, x, index, w)
-    assert relay.xseq[at] == 5 and torch.equal(relay.x[at], x[0]) and relay.index[at].tolist() == [4, 2]
-    assert relay.weights[at].tolist() == [0.75, 0.25]
+    assert relay.xseq[at] == 5 and torch.equal(relay.x[at, :H], x[0]) and relay.index[at, :K].tolist() == [4, 2]
+    assert relay.weights[at, :K].tolist() == [0.75, 0.25]
 
     def decide():  # the host computes expert 2 (position 1)
         relay.on_host[at, 2] = 1
@@ -59,7 +59,7 @@ def check_waits() -> None:
     host = torch.randn(H)
 
     def answer():
-        relay.out[at] = host
+        relay.out[at, :H] = host
         relay.oseq[at] = 5
 
     t = _later(answer)
@@ -67,6 +67,23 @@ def check_waits() -> None:
     t.join()
     assert torch.equal(out, x + host)
     relay.check()
+
+    # a step of 2 rows: both rows' inputs posted, the host's positions of either row at weight 0, both outputs added
+    relay.box.posts.fill_(6 * L + 1 + 1)
+    at = (6 % 4) * L + 1
+    x2, index2, w2 = torch.randn(2, H), torch.tensor([[4, 2], [1, 4]]), torch.tensor([[0.75, 0.25], [0.5, 0.5]])
+    k.post(1, x2, index2, w2)
+    assert relay.xseq[at] == 6 and torch.equal(relay.x[at, :2 * H], x2.reshape(-1))
+    assert relay.index[at, :2 * K].tolist() == [4, 2, 1, 4]
+    relay.on_host[at] = 0
+    relay.on_host[at, 4] = 1
+    relay.dseq[at] = 6
+    kept, skip = k.keep(1, index2, w2)
+    assert kept.tolist() == [[0.0, 0.25], [0.5, 0.0]] and skip.tolist() == [True, False, False, True]
+    host2 = torch.randn(2 * H)
+    relay.out[at, :2 * H] = host2
+    relay.oseq[at] = 6
+    assert torch.equal(k.add(1, x2.clone()), x2 + host2.view(2, H))
 
     # no decision within the bound: the step computes every expert itself (exact), counted
     relay = _relay(keep_spins=50, out_spins=50)

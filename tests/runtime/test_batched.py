@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seqmoe.base.errors import UserError
 from seqmoe.runtime import offload
@@ -135,12 +137,49 @@ def test_a_batch_is_refused_where_only_one_sequence_is_served():
     rt = offload(model, 0.5, "on-demand-lru", train=ref.train, hardware=TEST_HW, routing="cache-aware", max_kl=0.1)
     with pytest.raises(UserError, match="exact routing"):
         generate_batch(model)
-    rt.restore()
-    rt = offload(model, 0.5, "on-demand-lru", train=ref.train, hardware=HOST_HW, control="thread", miss="auto")
-    with pytest.raises(UserError, match="posted engine copies"):
-        generate_batch(model)
     assert torch.equal(generate_batch(model, PROMPTS[:1]), generate_batch(ref.model, PROMPTS[:1]))  # usable at once
     rt.restore()
+
+
+@pytest.mark.parametrize("miss", ["cpu", "auto"])
+@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "deepseek_v3"])
+def test_a_posted_batch_computes_misses_on_the_host_cpu(arch, miss):
+    """The host relay carries a step's B rows (generate, and DecodeGraph's static-cache step): each host
+    expert runs once on the rows routed to it."""
+    from seqmoe.runtime import DecodeGraph
+
+    ref = reference(arch)
+    full = generate_batch(ref.model)
+    model = fresh(arch)
+    rt = offload(model, 0.3, "on-demand-lru", train=ref.train, hardware=HOST_HW, control="thread", miss=miss)
+    ids, mask = _padded(PROMPTS)
+    try:
+        got = generate_batch(model)
+        stepped = DecodeGraph(rt, 32).generate(ids, NEW_TOKENS, attention_mask=mask)[:, ids.shape[1]:]
+        relay = rt.controller.relay
+        relayed, fell = relay.experts, relay.fallbacks
+    finally:
+        rt.restore()
+    assert torch.equal(got, full), f"{arch} {miss}: {got.tolist()} != {full.tolist()}"
+    assert torch.equal(stepped, full), f"{arch} {miss} DecodeGraph: {stepped.tolist()} != {full.tolist()}"
+    assert relayed > 0 and fell == 0
+
+
+@given(st.integers(2, 6), st.integers(1, 4), st.integers(0, 10**6))
+@settings(max_examples=40, deadline=None)
+def test_a_posted_step_gathers_each_expert_of_its_rows_once(b, k, seed):
+    from seqmoe.runtime.core.experts import first_positions
+
+    g = torch.Generator().manual_seed(seed)
+    index = torch.stack([torch.randperm(6, generator=g)[:k] for _ in range(b)])
+    flat = index.reshape(-1)
+    at = torch.arange(b * k)
+    rows = first_positions(flat, at)
+    again = rows != at
+    assert torch.equal(flat[rows], flat)  # each position reads a row of its own expert
+    firsts = [p for p in range(b * k) if int(flat[p]) not in flat[:p].tolist()]
+    assert (~again).nonzero().reshape(-1).tolist() == firsts  # gathered: each expert's first position only
+    assert set(rows.tolist()) == set(firsts)
 
 
 @pytest.mark.gpu

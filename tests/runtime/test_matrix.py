@@ -31,8 +31,6 @@ def _refused(storage: str, precision: str | None, control: str, batch: int, miss
     """What the runtime refuses today (issue 40 builds them), as a pattern of its error."""
     if storage == "disk" and control == "thread":
         return "streamed from disk"
-    if control == "thread" and batch > 1 and miss == "auto":
-        return "serves one sequence"
     return None
 
 

@@ -117,9 +117,10 @@ def test_a_failing_decode_step_fails_its_batch_and_the_next_requests_are_served(
     assert s["failed"] - before["failed"] == 2 and s["running"] == 0
 
 
-def test_the_posted_engine_serves_a_batch():
-    """--control thread copying its misses batches too: the steps post B rows' routing."""
-    server = LiveServer(max_batch=4, threads=1, control="thread", miss="copy")
+@pytest.mark.parametrize("miss", ["copy", "auto"])
+def test_the_posted_engine_serves_a_batch(miss):
+    """--control thread batches too: the steps post B rows' routing (and, with auto, B rows to the host CPU)."""
+    server = LiveServer(max_batch=4, threads=1, control="thread", miss=miss)
     try:
         client = server.client()
         alone = [complete(client, p, max_tokens=12, temperature=0) for p in PROMPTS[:4]]

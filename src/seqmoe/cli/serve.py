@@ -42,7 +42,7 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port, printed)")
     s.add_argument("--max-batch", type=int, default=8, help="requests decoded together: they join and leave the "
                    "running batch between decode steps (continuous batching); 1: one at a time. One at a time anyway "
-                   "with --graph, --control thread, cache-aware routing, pre-gating, twins or a sliding-window cache "
+                   "with --graph, cache-aware routing, pre-gating, twins or a sliding-window cache "
                    "(default: 8)")
     s.add_argument("--admission", default="fifo", help="which waiting request takes a free row of the batch: "
                    f"{' or '.join(ADMISSIONS)} (the one whose forecast routing overlaps most with the running batch's "

@@ -35,8 +35,6 @@ def why_one_at_a_time(runtime, graph, cache) -> str | None:
     if runtime is None:
         return None
     c = runtime.controller
-    if c.relay is not None:
-        return "the posted engine's host CPU path (--control thread with --miss cpu or auto) serves one sequence"
     if c.routing is not None or c.pregate is not None or runtime.twins is not None:
         return "cache-aware routing, live pre-gating and twins serve one sequence"
     return None

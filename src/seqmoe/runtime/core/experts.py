@@ -104,14 +104,20 @@ class OffloadedExperts(torch.nn.Module):
         bound.arguments[self._index_name] = index
         return bound.args[1:], bound.kwargs
 
-    def posted_index(self, index: torch.Tensor) -> torch.Tensor:
-        """[B, K] ids 0..BK-1 in routing order: the routed ids of B rows renumbered into their BK gathered rows."""
+    def posted_index(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """([B, K] the routed positions renumbered into the B x K gathered rows, [B x K] bool: the
+        positions whose expert an earlier position routes too, or None at B = 1). Each such position
+        reads its expert's first gathered row, and its own is not gathered: an expert several rows
+        route is read once per step. Device ops of static shapes only (a captured step replays them)."""
         b, k = index.shape[0], index.shape[-1]
-        key = (b, k, index.dtype, index.device)
-        new_index = self._posted_index.get(key)
-        if new_index is None:
-            new_index = self._posted_index[key] = torch.arange(b * k, dtype=index.dtype, device=index.device).view(b, k)
-        return new_index
+        key = (b * k, index.dtype, index.device)
+        at = self._posted_index.get(key)
+        if at is None:
+            at = self._posted_index[key] = torch.arange(b * k, dtype=index.dtype, device=index.device)
+        if b == 1:  # top-k ids differ
+            return at.view(b, k), None
+        rows = first_positions(index.reshape(-1), at)
+        return rows.view(b, k), rows != at
 
     def compute(self, params: dict, n: int, hidden_states: torch.Tensor, args: tuple, kwargs: dict,
                 forward=None) -> torch.Tensor:
@@ -126,3 +132,12 @@ class OffloadedExperts(torch.nn.Module):
             for name in params:
                 state.pop(name, None)
             state["num_experts"] = self.num_experts
+
+
+def first_positions(ids: torch.Tensor, at: torch.Tensor) -> torch.Tensor:
+    """[n]: for each position of `ids` [n], the first position holding the same id (`at`: arange(n))."""
+    order_ids, order = torch.sort(ids, stable=True)
+    starts = torch.ones_like(order_ids, dtype=torch.bool)
+    starts[1:] = order_ids[1:] != order_ids[:-1]
+    first = order[torch.where(starts, at, 0).cummax(0).values]  # per sorted position: its id's first position
+    return torch.empty_like(at).scatter_(0, order, first)

@@ -75,9 +75,6 @@ def _check_batch(controller: Controller, batch: int) -> None:
     """UserError when a batch of `batch` rows meets what serves one sequence only."""
     if batch == 1:
         return
-    if controller.relay is not None:
-        raise UserError(f"a batch of {batch} sequences on the posted engine copies its misses: offload with "
-                        "miss='copy' or 'in-place', or control='inline' (its host CPU path serves one sequence)")
     if controller.pregate is not None or controller.routing is not None:
         raise UserError(f"a batch of {batch} sequences runs with exact routing and no live pre-gating: drop "
                         "routing='cache-aware' or the seqmoe-hybrid system, or decode one sequence at a time")

@@ -46,38 +46,38 @@ class RelayKernels:
         self.relay, self.device = relay, device
         self.k = _build()
         self.keep_spins, self.out_spins = keep_spins, out_spins
-        self.BK = max(2, 1 << (relay.K - 1).bit_length())
+        self.BK = max(2, 1 << (relay.rows * relay.K - 1).bit_length())  # one build for every batch size
         v = lambda t: device_view(t, device)  # noqa: E731
         self.x, self.index, self.weights, self.out, self.on_host = map(v, (relay.x, relay.index, relay.weights,
                                                                            relay.out, relay.on_host))
         self.xseq, self.dseq, self.oseq = v(relay.seqs)
         self.status = v(relay.status)
-        self.skip = torch.zeros((relay.K,), dtype=torch.int8, device=device)
+        self.skip = torch.zeros((relay.rows * relay.K,), dtype=torch.int8, device=device)
         self.fell = torch.zeros((1,), dtype=torch.int32, device=device)
-        self._kept: dict[torch.dtype, torch.Tensor] = {}
+        self._kept: dict[tuple[torch.dtype, int], torch.Tensor] = {}
 
     def post(self, layer: int, x: torch.Tensor, index: torch.Tensor, weights: torch.Tensor) -> None:
         r = self.relay
         flat = [t.reshape(-1).contiguous() for t in (x, index, weights)]  # the kernels index flat memory
         self.k["post"][(1,)](*flat, r.box.posts, self.x, self.index, self.weights, self.xseq, layer, r.L, r.R,
-                             self.x.shape[1], r.K, BH=_BH, BK=self.BK)
+                             flat[0].numel(), flat[1].numel(), self.x.shape[1], self.index.shape[1], BH=_BH, BK=self.BK)
 
     def keep(self, layer: int, index: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights with the host's positions at 0, [K] bool skip: the positions the host computes)."""
-        r = self.relay
-        kept = self._kept.get(weights.dtype)
+        """(weights with the host's positions at 0, [B x K] bool skip: the positions the host computes)."""
+        r, n = self.relay, index.numel()
+        kept = self._kept.get((weights.dtype, n))
         if kept is None:
-            kept = self._kept[weights.dtype] = torch.empty((r.K,), dtype=weights.dtype, device=self.device)
+            kept = self._kept[weights.dtype, n] = torch.empty((n,), dtype=weights.dtype, device=self.device)
         self.k["keep"][(1,)](index.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), r.box.posts,
                              self.on_host, self.dseq, self.status, kept, self.skip, self.fell, layer, r.L, r.R,
-                             self.on_host.shape[1], r.K, self.keep_spins, BK=self.BK)
-        return kept.view(weights.shape), self.skip.view(torch.bool)
+                             self.on_host.shape[1], n, self.keep_spins, BK=self.BK)
+        return kept.view(weights.shape), self.skip[:n].view(torch.bool)
 
     def add(self, layer: int, out: torch.Tensor) -> torch.Tensor:
-        """`out` [1, H] plus the host's sum (in place), unless the step fell back to computing all."""
+        """`out` [B, H] plus the host's sum (in place), unless the step fell back to computing all."""
         r, out = self.relay, out.contiguous()
         self.k["add"][(1,)](out, self.out, r.box.posts, self.oseq, self.status, self.fell, layer, r.L, r.R,
-                            self.out.shape[1], self.out_spins, BH=_BH)
+                            out.numel(), self.out.shape[1], self.out_spins, BH=_BH)
         return out
 
     def warm(self) -> None:
@@ -88,7 +88,7 @@ class RelayKernels:
         posts = r.box.posts
         saved = posts.clone()
         posts.fill_(1)  # step 0, slot of layer 0
-        x = torch.zeros((1, self.x.shape[1]), dtype=r.x.dtype, device=self.device)
+        x = torch.zeros((1, r.H), dtype=r.x.dtype, device=self.device)
         index = torch.zeros((1, r.K), dtype=torch.int64, device=self.device)
         r.dseq[0] = 0
         for dtype in {torch.float32, r.x.dtype}:  # routers give weights in one or the other

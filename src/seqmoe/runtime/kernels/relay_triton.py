@@ -26,17 +26,18 @@ def wait(flag, step, status, SPINS):
 
 
 @triton.jit(do_not_specialize=["layer"])
-def post(x, index, weights, posts, rx, rindex, rweights, xseq, layer, L, R, H, K,
+def post(x, index, weights, posts, rx, rindex, rweights, xseq, layer, L, R, H, K, SH, SK,
          BH: tl.constexpr, BK: tl.constexpr):
+    """H, K: the call's numbers of hidden values and routed positions (all rows); SH, SK: a ring slot's."""
     step, at = slot(posts, layer, L, R)
     for h in range(0, H, BH):
         c = h + tl.arange(0, BH)
         m = c < H
-        tl.store(rx + at * H + c, tl.load(x + c, mask=m), mask=m)
+        tl.store(rx + at * SH + c, tl.load(x + c, mask=m), mask=m)
     k = tl.arange(0, BK)
     mk = k < K
-    tl.store(rindex + at * K + k, tl.load(index + k, mask=mk).to(tl.int64), mask=mk)
-    tl.store(rweights + at * K + k, tl.load(weights + k, mask=mk).to(tl.float64), mask=mk)
+    tl.store(rindex + at * SK + k, tl.load(index + k, mask=mk).to(tl.int64), mask=mk)
+    tl.store(rweights + at * SK + k, tl.load(weights + k, mask=mk).to(tl.float64), mask=mk)
     tl.debug_barrier()  # every thread's stores happen before the release below
     tl.atomic_store(xseq + at, step, sem="release", scope="sys")
 
@@ -59,7 +60,7 @@ def keep(index, weights, posts, on_host, dseq, status, kept, skip, fell, layer, 
 
 
 @triton.jit(do_not_specialize=["layer"])
-def add(out, host_out, posts, oseq, status, fell, layer, L, R, H, SPINS, BH: tl.constexpr):
+def add(out, host_out, posts, oseq, status, fell, layer, L, R, H, SH, SPINS, BH: tl.constexpr):
     if tl.load(fell) == 0:  # else the step computed every routed expert itself
         step, at = slot(posts, layer, L, R)
         if wait(oseq + at, step, status, SPINS):
@@ -67,7 +68,7 @@ def add(out, host_out, posts, oseq, status, fell, layer, L, R, H, SPINS, BH: tl.
                 c = h + tl.arange(0, BH)
                 m = c < H
                 o = tl.load(out + c, mask=m)
-                v = tl.load(host_out + at * H + c, mask=m, volatile=True)  # no cached copy of an earlier step's
+                v = tl.load(host_out + at * SH + c, mask=m, volatile=True)  # no cached copy of an earlier step's
                 tl.store(out + c, o + v.to(o.dtype), mask=m)
         else:
             tl.atomic_add(status + 1, 1, scope="sys")  # FAILURES

@@ -1,13 +1,14 @@
 """An experts call of the posted engine: a decode step that posts its routing (`control="thread"`).
 
 The step reads no host value (capturable as a CUDA graph), so it cannot ask which experts are
-resident: it gathers the B x K routed rows of its B rows on the device (an expert two rows use is
-read twice: telling them apart would read the routing on the host), each from its slot or, on a miss, from the
-mapped host block (`ExpertPool.gather_posted_params`; an int8 or int4 store's rows dequantized as
-they are read), and runs the original forward on them with the
-routed ids replaced by 0..BK-1: static shapes (one set per batch size). With the host path (`host_relay`) the call first
-posts its inputs and waits for the control thread's decision: the experts the host CPU computes
-meanwhile run here at weight 0 on zero rows, and their sum is added after.
+resident: it gathers the B x K routed rows of its B rows on the device, each from its slot or, on a
+miss, from the mapped host block (`ExpertPool.gather_posted_params`; an int8 or int4 store's rows
+dequantized as they are read), and runs the original forward on them with the routed ids
+renumbered into the gathered rows: static shapes (one set per batch size). An expert several rows
+route is read once: the other positions point at its first row (`posted_index`, device ops). With
+the host path (`host_relay`) the call first posts its inputs and waits for the control thread's
+decision: the experts the host CPU computes meanwhile run here at weight 0 on zero rows, and their
+sum is added after.
 Where it sits in a decode step: docs/decode.md, "On CUDA: posted and captured".
 """
 
@@ -21,7 +22,7 @@ import torch
 def posted_forward(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     """`OffloadedExperts.forward` in a posting decode step (`x`: the experts module)."""
     relay = x.control.relay
-    if relay is None or not relay.active or len(args) != 2 or kwargs or args[0].shape[0] != 1:
+    if relay is None or not relay.active or len(args) != 2 or kwargs:
         return _step(x, hidden_states, *args, **kwargs)
     t0 = time.perf_counter()
     index, weights = args
@@ -43,8 +44,10 @@ def _step(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     index, bound = x.routed(args, kwargs, hidden_states)
     posted = x.front.slot_ok
     if posted:
-        params = x.pool.gather_posted_params(x.layer, index.reshape(-1), x.layout, x.skip)
-        n, new_index = index.numel(), x.posted_index(index)
+        new_index, again = x.posted_index(index)
+        skip = x.skip if again is None else again if x.skip is None else again | x.skip
+        params = x.pool.gather_posted_params(x.layer, index.reshape(-1), x.layout, skip)
+        n = index.numel()
         x.counts.posted_calls += 1
     else:  # on CUDA the step reads no slot the host chose: the slot fence covers device-side table reads only
         params, n, new_index = x.front.weights(index, host_only=x.pool.device.type == "cuda")

@@ -3,18 +3,21 @@ manager sends to the host CPU are computed there while the step computes the oth
 reads no host value to learn which or to get their output.
 
     # the step (model thread), in a posting forward's experts call of `layer`:
-    weights, skip = relay.enter(layer, x, index, weights)  # post the call's inputs, wait for the decision:
+    weights, skip = relay.enter(layer, x, index, weights)  # post the call's B rows, wait for the decision:
     out = relay.leave(layer, device_part(x, index, weights))  # the host's positions at weight 0; add its sum
     # the control thread, after the state machine's reveal of (step, layer):
     relay.decide(step, layer, host_ids)
 
-Three rings of (mapped) host memory, R steps x L layers like the routing mailbox's, each slot with
-the number of the step it holds, written after its data (stream order on a device, program order
+Three rings of (mapped) host memory, `RING` steps x L layers, each slot wide enough for the
+mailbox's most rows (a batched step posts its B rows; the control thread learns B from the
+mailbox) and holding the number of the step it holds, written after its data (stream order on a device, program order
 on the host), so a reader that sees the step's number sees its data: the experts call's inputs
 (hidden state, routed ids and weights, posted by the step before it waits for anything: the host
 computes from exactly what the call got), the decision (which of the layer's E experts the host
-computes), and the host's summed output (zeros, flagged with the decision, when the host computes
-none). The host's positions get weight 0 in the step's own experts call, and the gather reads
+computes, for every row: each such expert runs once on the rows routed to it), and the host's
+summed output (zeros, flagged with the decision, when the host computes none). A few steps suffice:
+a step waits in every layer for the control thread's decision, so the model thread is never more
+than one step ahead of the relay's reader, and the one host worker runs jobs in order. The host's positions get weight 0 in the step's own experts call, and the gather reads
 zeros for them instead of their rows (an exact 0 is added, and no row crosses the link).
 
 The host worker (`HostExecutor`'s one thread) waits for the hidden state of each job; a job whose
@@ -44,6 +47,8 @@ from seqmoe.runtime.kernels.relay import ABORT, FAILURES, FALLBACKS, RelayKernel
 SPINS = 200
 """Tight polls before each wait starts sleeping between polls."""
 NAP_S = 20e-6
+RING = 4
+"""Decode steps the rings hold."""
 STEP_WAIT_S = 60.0
 """The longest a step waits for a decision or an output before it raises (a stalled partner is a bug)."""
 
@@ -64,12 +69,13 @@ class HostRelay:
     def __init__(self, mailbox, hidden_size: int, dtype: torch.dtype, executor, clones, layout, hosts,
                  control_failed, device: torch.device = torch.device("cpu")) -> None:
         self.box, self.executor, self.clones, self.layout, self.hosts = mailbox, executor, clones, layout, hosts
-        self.L, self.K, self.R, self.device = mailbox.L, mailbox.K, mailbox.R, device
+        self.L, self.K, self.R, self.rows, self.H, self.device = mailbox.L, mailbox.K, RING, mailbox.rows, \
+            hidden_size, device
         n, pin = self.R * self.L, device.type == "cuda"
         ring = lambda shape, dt, fill=0: torch.full(shape, fill, dtype=dt, pin_memory=pin)  # noqa: E731
-        self.x, self.out = ring((n, hidden_size), dtype), ring((n, hidden_size), dtype)
-        self.index = ring((n, self.K), torch.int64)
-        self.weights = ring((n, self.K), torch.float64)  # holds any routing dtype exactly
+        self.x, self.out = ring((n, self.rows * hidden_size), dtype), ring((n, self.rows * hidden_size), dtype)
+        self.index = ring((n, self.rows * self.K), torch.int64)
+        self.weights = ring((n, self.rows * self.K), torch.float64)  # holds any routing dtype exactly
         self.on_host = ring((n, hosts[0].shape[0]), torch.uint8)  # [E] per slot: 1 where the host computes
         self.seqs = ring((3, n), torch.int64, -1)  # the step whose (hidden state, decision, output) a slot holds
         self.status = ring((3,), torch.int64)  # kernels.relay's FALLBACKS, FAILURES, ABORT
@@ -100,9 +106,9 @@ class HostRelay:
     # -- the step's side (model thread) -------------------------------------------------------------
     def enter(self, layer: int, x: torch.Tensor, index: torch.Tensor,
               weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Post the experts call of `layer` in the running step ([1, H] hidden state, [1, K] routed
+        """Post the experts call of `layer` in the running step ([B, H] hidden states, [B, K] routed
         ids and weights) and wait for the decision: (the weights with the host's positions at 0,
-        [K] bool: the positions the host computes, whose rows the step need not read)."""
+        [B x K] bool: the positions the host computes, whose rows the step need not read)."""
         if x.dtype != self.x.dtype:  # the host must compute from exactly the call's numbers
             raise UserError(f"hidden states in {x.dtype} but experts in {self.x.dtype}: the host path of a posted "
                             "step needs one dtype; load the model in one dtype, or use control='inline'")
@@ -111,23 +117,23 @@ class HostRelay:
             self.kernels.post(layer, x, index, weights)
             return self.kernels.keep(layer, index, weights)
         step = (int(self.box.posts.item()) - 1) // self.L  # the router of `layer` has posted already
-        at = (step % self.R) * self.L + layer
-        self.x[at].copy_(x.reshape(-1))
-        self.index[at].copy_(index.reshape(-1))
-        self.weights[at].copy_(weights.reshape(-1))
+        at, b = (step % self.R) * self.L + layer, index.shape[0]
+        self.x[at, :x.numel()].copy_(x.reshape(-1))
+        self.index[at, :b * self.K].copy_(index.reshape(-1))
+        self.weights[at, :b * self.K].copy_(weights.reshape(-1))
         self.xseq[at] = step  # after the data
-        self._open = (at, step)
+        self._open = (at, step, b)
         self._wait(self.dseq, at, step)
-        keep = self.on_host[at][index.reshape(1, self.K)] == 0
+        keep = self.on_host[at][index] == 0
         return torch.where(keep, weights, 0), ~keep.view(-1)
 
     def leave(self, layer: int, out: torch.Tensor) -> torch.Tensor:
         """`out` plus the host's summed output of the call `enter` posted (waits for it)."""
         if self.kernels is not None:
             return self.kernels.add(layer, out)
-        at, step = self._open
+        at, step, b = self._open
         self._wait(self.oseq, at, step)
-        return out + self.out[at].view(1, -1).to(out.dtype)
+        return out + self.out[at, :b * self.H].view(b, -1).to(out.dtype)
 
     def check(self) -> None:
         """RuntimeError if a device-side wait gave up on a host output (that layer's output is NaN)."""
@@ -159,31 +165,32 @@ class HostRelay:
                                "model again") from self.error
 
     # -- the control thread's side --------------------------------------------------------------------
-    def decide(self, step: int, layer: int, host_ids: list[int]) -> None:
-        """The state machine sent experts `host_ids` of `layer` to the host CPU for `step`."""
+    def decide(self, step: int, layer: int, host_ids: list[int], rows: int = 1) -> None:
+        """The state machine sent experts `host_ids` of `layer` to the host CPU for `step` (of `rows` rows)."""
         at = (step % self.R) * self.L + layer
         row = self._on_host_np[at]
         row[:] = 0
         row[host_ids] = 1
         if not host_ids:
-            self.out[at].zero_()
+            self.out[at, :rows * self.H].zero_()
         _store_fence()
         self.dseq[at] = step
         if not host_ids:
             self.oseq[at] = step
             return
-        self.executor.call(self._compute, step, layer, at, host_ids)
+        self.executor.call(self._compute, step, layer, at, host_ids, rows)
 
-    def _compute(self, step: int, layer: int, at: int, host_ids: list[int]) -> None:
+    def _compute(self, step: int, layer: int, at: int, host_ids: list[int], rows: int) -> None:
         """One job on the host worker: wait for the hidden state, compute, post the sum."""
         try:
             if not _spin(self.xseq, at, step, lambda: step <= self.closed_through or self._control_failed()):
                 self.dropped_jobs += 1  # the step ended without posting it, or the runtime is closing
                 return
-            x, index = self.x[at:at + 1].clone(), self.index[at:at + 1].clone()
-            w = self.weights[at:at + 1].to(self._weights_dtype)
+            x = self.x[at, :rows * self.H].view(rows, self.H).clone()
+            index = self.index[at, :rows * self.K].view(rows, self.K).clone()
+            w = self.weights[at, :rows * self.K].view(rows, self.K).to(self._weights_dtype)
             out = self.executor.compute(self.clones[layer], self.layout, self.hosts[layer], host_ids, x, index, w)
-            self.out[at].copy_(out.reshape(-1))
+            self.out[at, :out.numel()].copy_(out.reshape(-1))
             self.experts += len(host_ids)
             _store_fence()
             self.oseq[at] = step  # after the data

@@ -103,7 +103,7 @@ class PostedController(Controller):
         """One layer of decode step `step` posted, in order (control thread): what `route` and
         `experts_done` do for a one-position forward of its B rows ([B, K] `ids` and `weights`, the
         rows' input `tokens` at layer 0, on `lanes`), and `end_forward` after the last layer; the
-        experts it sends to the host CPU go to the relay (batch 1: a batched step refuses the relay)."""
+        experts it sends to the host CPU go to the relay."""
         b = ids.shape[0]
         if layer == 0:
             self._step = (np.zeros((b, self.L, self.K), np.int16), np.zeros((b, self.L, self.K), np.float32), tokens)
@@ -117,7 +117,7 @@ class PostedController(Controller):
             self.driver.reveal(layer, step_ids[:, layer])
         if self.relay is not None:
             base = layer * self.E
-            self.relay.decide(step, layer, sorted(u - base for u in self._on_host))
+            self.relay.decide(step, layer, sorted(u - base for u in self._on_host), b)
         self._layer_end(layer)
         if layer == self.L - 1:
             self._keep(step_ids[:, None], step_w[:, None], [[t] for t in toks])
