@@ -301,9 +301,8 @@ class OffloadConfig(ManagerConfig):
             parse_bytes(self.expert_memory, "expert_memory")
             if self.residency is not None:
                 raise UserError("give a residency or an expert memory budget, not both")
-        if self.host_memory is not None and (self.twin is not None or self.control == "thread"):
-            raise UserError("experts streamed from disk (host_memory) run with inline control, without twins: "
-                            "drop --control thread and --twin")
+        if self.host_memory is not None and self.twin is not None:
+            raise UserError("experts streamed from disk (host_memory) run without twins: drop --twin")
         check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
                           replay=self.replay is not None)
         if self.control is not None and self.control not in CONTROLS:

@@ -25,9 +25,10 @@ from tests.runtime.test_host_relay import _offload  # noqa: E402
 L, K, E, H = 3, 2, 5, 1500  # H spans two of the kernels' blocks
 
 
-def _relay(**spins) -> HostRelay:
+def _relay(disk=None, **spins) -> HostRelay:
     box = Mailbox(L, K, torch.device("cpu"), ring=4)
-    relay = HostRelay(box, H, torch.float32, None, None, None, [torch.zeros(E, 1)], control_failed=lambda: False)
+    relay = HostRelay(box, H, torch.float32, None, None, None, [torch.zeros(E, 1)], control_failed=lambda: False,
+                      disk=disk)
     relay.use_kernels(**spins)
     return relay
 
@@ -53,7 +54,7 @@ def check_waits() -> None:
         relay.dseq[at] = 5
 
     t = _later(decide)
-    kept, skip = k.keep(1, index, w)
+    kept, skip, _ = k.keep(1, index, w)
     t.join()
     assert kept.tolist() == [[0.75, 0.0]] and skip.tolist() == [False, True] and relay.fallbacks == 0
     host = torch.randn(H)
@@ -78,7 +79,7 @@ def check_waits() -> None:
     relay.on_host[at] = 0
     relay.on_host[at, 4] = 1
     relay.dseq[at] = 6
-    kept, skip = k.keep(1, index2, w2)
+    kept, skip, _ = k.keep(1, index2, w2)
     assert kept.tolist() == [[0.0, 0.25], [0.5, 0.0]] and skip.tolist() == [True, False, False, True]
     host2 = torch.randn(2 * H)
     relay.out[at, :2 * H] = host2
@@ -89,7 +90,7 @@ def check_waits() -> None:
     relay = _relay(keep_spins=50, out_spins=50)
     relay.box.posts.fill_(1)
     relay.on_host[0, 4] = 1  # stale from another step: ignored
-    kept, skip = relay.kernels.keep(0, index, w)
+    kept, skip, _ = relay.kernels.keep(0, index, w)
     assert kept.tolist() == w.tolist() and not skip.any() and relay.fallbacks == 1
     assert torch.equal(relay.kernels.add(0, x.clone()), x)  # and nothing is waited for or added
     # a decision but no output within the bound: NaN, counted, raised on the host
@@ -107,8 +108,26 @@ def check_waits() -> None:
     relay.box.posts.fill_(1)
     _later(relay.abort, 0.2)
     t0 = time.perf_counter()
-    kept, _ = relay.kernels.keep(0, index, w)
+    kept, _, _ = relay.kernels.keep(0, index, w)
     assert time.perf_counter() - t0 < 60 and kept.tolist() == w.tolist() and relay.fallbacks == 1
+
+
+def check_disk_rows() -> None:
+    """With a disk tier the decision carries each expert's host-cache row; without a decision no row is
+    known, so the layer fails (NaN weights, counted) instead of falling back."""
+    relay = _relay(disk=(object(), None), keep_spins=50, out_spins=50)
+    k = relay.kernels
+    relay.box.posts.fill_(2 * L + 1)  # layer 0 of step 2
+    at = (2 % 4) * L
+    index, w = torch.tensor([[4, 2]]), torch.tensor([[0.75, 0.25]])
+    relay.hrow[at] = -1
+    relay.hrow[at, 4] = 7
+    relay.dseq[at] = 2
+    kept, skip, rows = k.keep(0, index, w)
+    assert kept.tolist() == w.tolist() and not skip.any() and rows.tolist() == [7, 0]  # expert 2: in a slot
+    relay.box.posts.fill_(3 * L + 1)  # step 3: no decision
+    kept, _, _ = k.keep(0, index, w)
+    assert torch.isnan(kept).all() and relay.fallbacks == 0 and int(relay.status_np[1]) == 1
 
 
 def check_posted_steps() -> None:
@@ -130,6 +149,7 @@ def check_posted_steps() -> None:
 def main() -> None:
     torch.set_num_threads(1)
     check_waits()
+    check_disk_rows()
     check_posted_steps()
     print("ok")
 

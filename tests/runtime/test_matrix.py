@@ -1,7 +1,6 @@
 """The runtime's options composed: storage x precision x control x batch x miss path, on three tiny
 architectures, with the default system; each combination gives the greedy tokens of the same model at
-full load (int4: `quantize_experts`'s). A combination the runtime refuses today is marked xfail with
-the refusal it raises (strict: once it runs, the marker must go, and it must give the right tokens).
+full load (int4: `quantize_experts`'s), so that a change that breaks one combination fails by name.
 Run: pytest tests/runtime/test_matrix.py -q
 """
 
@@ -16,7 +15,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import seqmoe  # noqa: E402
-from seqmoe.base.errors import UserError  # noqa: E402
 from tests.arch.collect.tiny_models import save_tiny_checkpoint  # noqa: E402
 from tests.runtime.conftest import TEST_HW  # noqa: E402
 
@@ -25,13 +23,6 @@ HW = dataclasses.replace(TEST_HW, host_memory_bytes_per_s=5e9, host_cores=8)  # 
 PROMPTS = torch.tensor([[0, 0, 1, 17, 42, 5], [1, 61, 9, 33, 70, 12], [0, 3, 8, 44, 2, 90]])
 MASK = (torch.arange(6) >= torch.tensor([[2], [0], [1]])).long()  # left padding
 GEN = dict(max_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
-
-
-def _refused(storage: str, precision: str | None, control: str, batch: int, miss: str) -> str | None:
-    """What the runtime refuses today (issue 40 builds them), as a pattern of its error."""
-    if storage == "disk" and control == "thread":
-        return "streamed from disk"
-    return None
 
 
 @pytest.fixture(scope="module")
@@ -77,20 +68,14 @@ def test_every_combination_gives_the_full_models_tokens(checkpoints, arch, stora
 
     folder, full, want = checkpoints[arch]
     options = dict(residency=0.3, expert_dtype=precision, control=control, miss=miss, hardware=HW, learn=False)
-    refused = _refused(storage, precision, control, batch, miss)
+    if storage == "disk":
+        model, rt = seqmoe.load(folder, host_memory=_host_bytes(full, 0.3), **options)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder).eval()
+        rt = seqmoe.offload(model, **options)
     try:
-        if storage == "disk":
-            model, rt = seqmoe.load(folder, host_memory=_host_bytes(full, 0.3), **options)
-        else:
-            model = AutoModelForCausalLM.from_pretrained(folder).eval()
-            rt = seqmoe.offload(model, **options)
-        try:
-            got = _generate(model, batch)
-        finally:
-            rt.close()
-    except UserError as e:
-        if refused is None or refused not in str(e):
-            raise
-        pytest.xfail(f"refused today: {e}")
-    assert refused is None, f"runs now ({refused!r} no longer refused): drop it from _refused"
+        got = _generate(model, batch)
+        assert rt.stats()["control"] == control
+    finally:
+        rt.close()
     assert torch.equal(got, want[precision][batch])

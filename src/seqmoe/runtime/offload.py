@@ -178,9 +178,7 @@ def _plan(model, cfg: OffloadConfig, source=None) -> _Plan:
     disk = plan_disk(source, cfg, layouts[0], L, E, K)
     home = next(p.device for p in originals[0].parameters())
     device = resolve_device(cfg.device, torch.device("cpu") if home.type == "meta" else home)  # meta: on disk
-    control = cfg.control_on(device.type) if disk is None else cfg.control or "inline"
-    if disk is not None and control == "thread":  # a posted step reads host rows in place: a disk tier cannot promise them
-        raise UserError("experts streamed from disk run with control='inline'")
+    control = cfg.control_on(device.type)
     C = _capacity(cfg, model, originals, device, layouts[0].expert_bytes, L, E, K)
     if device.type == "cuda":
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
@@ -312,9 +310,10 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         parts = dict(pregate=plan.pregate, routing=routing, record=cfg.record_trace)
         if plan.control == "thread":
             mailbox = Mailbox(L, K, device, fence)
-            relay = None if host is None else HostRelay(
+            relay = None if host is None and plan.disk is None else HostRelay(
                 mailbox, model.config.hidden_size, layout.compute_dtype, host, [HostExecutor.clone(x) for x in originals],
-                layout, hosts, control_failed=lambda: controller.thread.stopped, device=device)
+                layout, hosts, control_failed=lambda: controller.thread.stopped, device=device,
+                disk=None if plan.disk is None else (plan.disk.cache, pool.table_host))
             controller = PostedController(plan.system, L, E, K, plan.meta, fence=fence, mailbox=mailbox, relay=relay,
                                           **parts)
             undo.push(controller.thread.close)

@@ -93,8 +93,8 @@ def test_host_memory_without_a_checkpoint_and_too_small_are_refused(checkpoints,
     with pytest.raises(UserError, match="expert_memory"):
         seqmoe.load(folder, expert_memory="1KiB", host_memory="1MiB")
     monkeypatch.undo()
-    with pytest.raises(UserError, match="inline control"):
-        seqmoe.load(folder, residency=0.3, host_memory="1MiB", control="thread")
+    with pytest.raises(UserError, match="without twins"):
+        seqmoe.load(folder, residency=0.3, host_memory="1MiB", twin="int4")
 
 
 def test_restore_is_refused_and_a_closed_runtime_says_so(checkpoints):
@@ -146,5 +146,36 @@ def test_an_int4_store_streams_from_a_checkpoint_of_the_models_dtype(checkpoints
         assert stats["expert_dtype"] == "int4" and stats["expert_bytes"] < plain.pool.expert_bytes / 3
         assert rt.pool.cache.tier.rows > 3 * plain.pool.cache.tier.rows  # the same budget holds more experts
         assert stats["host_expert_bytes"] <= host and stats["disk_reads"] > 0
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("where", [None, "router", "experts"])
+def test_posted_steps_wait_for_rows_on_disk_and_a_cut_step_releases_them(checkpoints, where):
+    """control='thread' with a disk tier: each posted step waits (device side) for the host-cache rows
+    the control thread holds for it; DecodeGraph's static-cache steps too. A step cut short by Ctrl-C
+    releases its rows; a step interrupted after its last post keeps only its last layer's rows (until
+    the next decision). The next generate is exact."""
+    from seqmoe.runtime import DecodeGraph
+    from tests.runtime.test_interrupts import _interrupt_at
+
+    folder, full, tokens, _ = checkpoints["mixtral"]
+    model, rt = seqmoe.load(folder, residency=0.1, host_memory=_host_bytes(full, 0.3), control="thread",
+                            miss="in-place", learn=False)
+    try:
+        if where is not None:
+            undo = _interrupt_at(where, rt, model, n=5)
+            with pytest.raises(KeyboardInterrupt):
+                model.generate(PROMPT, max_new_tokens=20, do_sample=False, num_beams=1, pad_token_id=0)
+            undo()
+            rt.controller.thread.catch_up()
+            held = len(rt.controller.relay._held)  # the last decision's rows: released at the next one
+            assert rt.pool.cache.refs.sum() == held and held <= rt.pool.num_experts
+            assert held == 0 or where == "experts"  # a cut step (fewer than L layers posted) holds none
+        assert torch.equal(_greedy(model), tokens)
+        assert torch.equal(DecodeGraph(rt, 32).generate(PROMPT, 8), tokens)
+        stats = rt.stats()
+        assert stats["host_reads"] > 0 and stats["disk_reads"] > stats["host_rows"]
+        assert rt.controller.relay.fallbacks == 0
     finally:
         rt.close()

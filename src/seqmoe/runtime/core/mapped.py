@@ -66,12 +66,12 @@ def device_view(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
-                reads: torch.Tensor, slots: torch.Tensor | None = None,
-                skip: torch.Tensor | None = None) -> torch.Tensor:
-    """out[i] = pool[table[ids[i]]] when that slot is >= 0, else host[ids[i]], or zeros where `skip`
-    [n] bool (rows nobody needs: nothing is read); reads[0] += slot reads, reads[1] += host reads.
-    `host` and `table` as the device sees them (`device_view`); `slots` [n] int32 device scratch,
-    given the resolved entries (-1: from the host, -2: skipped; allocated when None)."""
+                reads: torch.Tensor, slots: torch.Tensor | None = None, skip: torch.Tensor | None = None,
+                host_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """out[i] = pool[table[ids[i]]] when that slot is >= 0, else host[host_ids[i]] (default: `ids`), or
+    zeros where `skip` [n] bool (rows nobody needs: nothing is read); reads[0] += slot reads, reads[1]
+    += host reads. `host` and `table` as the device sees them (`device_view`); `slots` [n] int32 device
+    scratch, given the resolved entries (-1: from the host, -2: skipped; allocated when None)."""
     n, p = out.shape
     if slots is None:
         slots = torch.empty((n,), dtype=torch.int32, device=out.device)
@@ -79,11 +79,16 @@ def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids
     if k is not None:
         k["resolve"][(1,)](table, ids, skip if skip is not None else ids, slots, reads, n,
                            HAS_SKIP=skip is not None, BK=max(2, 1 << (n - 1).bit_length()))
-        k["gather"][(n, -(-p // mapped_kernels.BLOCK))](pool, host, slots, ids, out, p, BLOCK=mapped_kernels.BLOCK)
+        k["gather"][(n, -(-p // mapped_kernels.BLOCK))](pool, host, slots, ids if host_ids is None else host_ids, out,
+                                                         p, BLOCK=mapped_kernels.BLOCK)
         return out
     _resolve(table, ids, skip, slots, reads)
     hit = (slots >= 0).unsqueeze(1)
-    torch.where(hit, pool.index_select(0, slots.clamp(min=0).long()), host.index_select(0, ids), out=out)
+    if host_ids is not None and bool(((slots == -1) & (host_ids < 0)).any()):  # the CPU path may read a value
+        raise RuntimeError("a posted step missed an expert whose host-cache row was not held for it; this is a bug: "
+                           "restore() and offload the model again")
+    rows = ids if host_ids is None else host_ids.clamp(min=0)
+    torch.where(hit, pool.index_select(0, slots.clamp(min=0).long()), host.index_select(0, rows), out=out)
     if skip is not None:
         out.masked_fill_(skip.unsqueeze(1), 0)
     return out
@@ -101,7 +106,7 @@ def dequantizes(layout, device: torch.device) -> bool:
 
 def gather_dequantized(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, layout,
                        outs: dict[str, torch.Tensor], reads: torch.Tensor, slots: torch.Tensor,
-                       skip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+                       skip: torch.Tensor | None = None, host_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """{name: [n, *shape]}: each parameter of the routed quantized rows (`layout`, a `QuantLayout`),
     dequantized from the slot or the host row as `gather_rows` would pick it (zeros where `skip`),
     written into `outs[name]` ([n, numel] of the compute dtype); reads counted as `gather_rows` does."""
@@ -114,7 +119,7 @@ def gather_dequantized(pool: torch.Tensor, host: torch.Tensor, table: torch.Tens
         out = outs[part.name]
         numel = out.shape[1]
         k["dequant_gather"][(n, -(-numel // mapped_kernels.BLOCK))](
-            pool, host, slots, ids, out, layout.numel, part.offset, part.code_bytes, numel,
+            pool, host, slots, ids if host_ids is None else host_ids, out, layout.numel, part.offset, part.code_bytes, numel,
             MODE=mode if part.code_bytes else 2, GROUP=GROUP, BLOCK=mapped_kernels.BLOCK)
         params[part.name] = out.view(n, *part.shape)
     return params

@@ -91,8 +91,10 @@ class ExpertPool:
         self.table_host = table.numpy()  # written by the host only
         self.table = device_view(table, device)  # the same memory, as the device reads it
         self.cache = getattr(hosts[0], "cache", None)  # a disk tier's host cache (`seqmoe.runtime.disk.host_cache`), or None
-        # The posted engine reads host rows in place on the device: there must be a block to map.
-        self.hosts_device = None if self.cache is not None else [device_view(h, device) for h in hosts]
+        # The posted engine reads host rows in place on the device: each layer's block, or the host
+        # cache's rows (a row the control thread holds for the step, `HostRelay`).
+        self.hosts_device = [device_view(self.cache.buf, device)] * self.num_layers if self.cache is not None \
+            else [device_view(h, device) for h in hosts]
         assigned = torch.zeros((self.num_layers, self.num_experts), dtype=torch.uint8, pin_memory=device.type == "cuda")
         self.assigned_host = assigned.numpy()  # 1: the expert holds a slot (maybe still being copied); host-written
         self.assigned = device_view(assigned, device)
@@ -278,28 +280,30 @@ class ExpertPool:
                                    timeout=max(1.0, 1000 * (self.link_s or 0.0), 60.0 * (self.cache is not None)))
             return slot if self.loaded[slot] and self.owner[slot] == uid else -1
 
-    def gather_posted(self, layer: int, ids: torch.Tensor, skip: torch.Tensor | None = None) -> torch.Tensor:
-        """[K, P] rows of one position's routed `ids` [K] (device tensor), with no host value read:
-        each from its slot, or on a miss from the mapped host block (`mapped.gather_rows`). The
-        reads are counted on the device (`device_reads`). The buffers are shared by all layers.
-        `skip` [K] bool: positions the host CPU computes (zero rows: nothing read, nothing charged)."""
+    def gather_posted(self, layer: int, ids: torch.Tensor, skip: torch.Tensor | None = None,
+                      host_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, P] rows of the routed `ids` [n] (device tensor), with no host value read: each from its
+        slot, or on a miss from the mapped host block (`mapped.gather_rows`). The reads are counted
+        on the device (`device_reads`). The buffers are shared by all layers. `skip` [n] bool:
+        positions nobody reads (zero rows: nothing read, nothing charged); `host_ids` [n]: with a disk
+        tier, the host cache's row of each position's expert (the block is the cache's rows)."""
         n = ids.shape[0]
         if self._staging is None or self._staging.shape[0] != n:
             self._staging = torch.empty((n, self.numel), dtype=self.dtype, device=self.device)
             self._slots_posted = torch.empty((n,), dtype=torch.int32, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
         rows = gather_rows(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), self._staging,
-                           self.device_reads, self._slots_posted, skip)
+                           self.device_reads, self._slots_posted, skip, host_ids)
         if self.link_s:  # a CPU pool: the missed rows were read in place over the emulated link
             time.sleep(int((self._slots_posted == -1).sum()) * self.link_s)
         return rows
 
-    def gather_posted_params(self, layer: int, ids: torch.Tensor, layout,
-                             skip: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def gather_posted_params(self, layer: int, ids: torch.Tensor, layout, skip: torch.Tensor | None = None,
+                             host_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
         """`layout.views` of `gather_posted`'s rows: for an int8 or int4 store on CUDA read and
         dequantized in one pass (`mapped.gather_dequantized`), into buffers shared by all layers."""
         if not dequantizes(layout, self.device):
-            return layout.views(self.gather_posted(layer, ids, skip))
+            return layout.views(self.gather_posted(layer, ids, skip, host_ids))
         n = ids.shape[0]
         if self._dequant is None or self._slots_posted is None or self._slots_posted.shape[0] != n:
             self._dequant = {p.name: torch.empty((n, math.prod(p.shape)), dtype=layout.compute_dtype, device=self.device)
@@ -307,7 +311,7 @@ class ExpertPool:
             self._slots_posted = torch.empty((n,), dtype=torch.int32, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
         return gather_dequantized(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), layout,
-                                  self._dequant, self.device_reads, self._slots_posted, skip)
+                                  self._dequant, self.device_reads, self._slots_posted, skip, host_ids)
 
     def missing_row(self, layer: int) -> np.ndarray:
         """[E] bool: the experts of `layer` that hold no slot (neither published nor being copied in)."""

@@ -3,6 +3,7 @@
     cache = HostCache(files, tier, numel=P, dtype=torch.bfloat16, pin=False)
     with cache.hold(uid) as row:        # [P] host row, read from disk first if absent; pinned while held
         dst.copy_(row)
+    r = cache.pin(uid); ...; cache.unpin(r)   # the same, held across calls (a posted step reads cache.buf[r])
     cache.prefetch(uid)                 # start reading uid's row (no wait)
     layer = cache.layer(l)              # [E, P]-like: layer[e] / layer[a:b] are copies (`DiskLayer`)
 
@@ -130,18 +131,30 @@ class HostCache:
     @contextmanager
     def hold(self, uid: int):
         """`uid`'s [P] row in host memory, not changed until the block ends (read first if absent)."""
+        row = self.pin(uid)
+        try:
+            yield self.buf[row]
+        finally:
+            self.unpin(row)
+
+    def pin(self, uid: int) -> int:
+        """`hold` without a block: `uid`'s row number (read first if absent), not changed until `unpin(row)`."""
         with self._lock:
             row = self._place(uid, count=False)
             self.refs[row] += 1
             fut = self._reading.get(row)
-        try:
-            if fut is not None:
+        if fut is not None:
+            try:
                 self._settle(row, fut, uid)
-            yield self.buf[row]
-        finally:
-            with self._lock:
-                self.refs[row] -= 1
-                self._lock.notify_all()
+            except BaseException:
+                self.unpin(row)
+                raise
+        return row
+
+    def unpin(self, row: int) -> None:
+        with self._lock:
+            self.refs[row] -= 1
+            self._lock.notify_all()
 
     def prefetch(self, uid: int, copy: bool = False) -> None:
         """The manager needs `uid`'s row soon (a copy, an in-place read or a host-CPU expert was

@@ -3,7 +3,7 @@ the host path reads no host value and stays capturable as a graph.
 
     side = RelayKernels(relay, device)              # needs triton (on the CPU: TRITON_INTERPRET=1)
     side.post(layer, x, index, weights)             # the call's inputs to the mapped rings, then the flag
-    weights, skip = side.keep(layer, index, weights)  # waits for the decision; host positions get weight 0
+    weights, skip, rows = side.keep(layer, index, weights)  # waits for the decision; host positions get weight 0
     out = side.add(layer, out)                      # waits for the host's sum and adds it, in place
 
 Each kernel finds its ring slot from the mailbox's device count of posts (the layer's router has
@@ -53,6 +53,8 @@ class RelayKernels:
         self.xseq, self.dseq, self.oseq = v(relay.seqs)
         self.status = v(relay.status)
         self.skip = torch.zeros((relay.rows * relay.K,), dtype=torch.int8, device=device)
+        self.hrow = v(relay.hrow) if relay.hrow is not None else self.skip  # (a placeholder without a disk tier)
+        self.hids = torch.zeros((relay.rows * relay.K,), dtype=torch.int64, device=device)
         self.fell = torch.zeros((1,), dtype=torch.int32, device=device)
         self._kept: dict[tuple[torch.dtype, int], torch.Tensor] = {}
 
@@ -62,16 +64,20 @@ class RelayKernels:
         self.k["post"][(1,)](*flat, r.box.posts, self.x, self.index, self.weights, self.xseq, layer, r.L, r.R,
                              flat[0].numel(), flat[1].numel(), self.x.shape[1], self.index.shape[1], BH=_BH, BK=self.BK)
 
-    def keep(self, layer: int, index: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(weights with the host's positions at 0, [B x K] bool skip: the positions the host computes)."""
+    def keep(self, layer: int, index: torch.Tensor,
+             weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(weights with the host's positions at 0, [B x K] bool skip: the positions the host computes,
+        [B x K] host-cache rows with a disk tier or None)."""
         r, n = self.relay, index.numel()
         kept = self._kept.get((weights.dtype, n))
         if kept is None:
             kept = self._kept[weights.dtype, n] = torch.empty((n,), dtype=weights.dtype, device=self.device)
         self.k["keep"][(1,)](index.reshape(-1).contiguous(), weights.reshape(-1).contiguous(), r.box.posts,
-                             self.on_host, self.dseq, self.status, kept, self.skip, self.fell, layer, r.L, r.R,
-                             self.on_host.shape[1], n, self.keep_spins, BK=self.BK)
-        return kept.view(weights.shape), self.skip[:n].view(torch.bool)
+                             self.on_host, self.dseq, self.status, kept, self.skip, self.fell, self.hrow, self.hids,
+                             layer, r.L, r.R, self.on_host.shape[1], n, self.keep_spins, BK=self.BK,
+                             HAS_ROWS=r.hrow is not None)
+        rows = self.hids[:n] if r.hrow is not None else None
+        return kept.view(weights.shape), self.skip[:n].view(torch.bool), rows
 
     def add(self, layer: int, out: torch.Tensor) -> torch.Tensor:
         """`out` [B, H] plus the host's sum (in place), unless the step fell back to computing all."""

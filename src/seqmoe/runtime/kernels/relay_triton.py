@@ -43,8 +43,10 @@ def post(x, index, weights, posts, rx, rindex, rweights, xseq, layer, L, R, H, K
 
 
 @triton.jit(do_not_specialize=["layer"])
-def keep(index, weights, posts, on_host, dseq, status, kept, skip, fell, layer, L, R, E, K, SPINS,
-         BK: tl.constexpr):
+def keep(index, weights, posts, on_host, dseq, status, kept, skip, fell, hrow, hids, layer, L, R, E, K, SPINS,
+         BK: tl.constexpr, HAS_ROWS: tl.constexpr):
+    """HAS_ROWS (a disk tier): also each position's host-cache row (`hrow`) into `hids`; then a decision
+    that does not come cannot be done without (no row is known): the weights become NaN, a failure."""
     step, at = slot(posts, layer, L, R)
     ok = wait(dseq + at, step, status, SPINS)
     k = tl.arange(0, BK)
@@ -52,11 +54,18 @@ def keep(index, weights, posts, on_host, dseq, status, kept, skip, fell, layer, 
     e = tl.load(index + k, mask=mk, other=0).to(tl.int64)
     h = (tl.load(on_host + at * E + e, mask=mk, other=0, volatile=True) * ok.to(tl.uint8)) != 0  # 0: not ok
     w = tl.load(weights + k, mask=mk)
+    if HAS_ROWS:
+        r = tl.load(hrow + at * E + e, mask=mk, other=0, volatile=True)
+        tl.store(hids + k, tl.maximum(r, 0).to(tl.int64), mask=mk)
+        w = tl.where(ok, w, float("nan"))
     tl.store(kept + k, tl.where(h, 0.0, w), mask=mk)
     tl.store(skip + k, h.to(tl.int8), mask=mk)
     tl.store(fell, 1 - ok.to(tl.int32))
     if not ok:
-        tl.atomic_add(status + 0, 1, scope="sys")  # FALLBACKS
+        if HAS_ROWS:
+            tl.atomic_add(status + 1, 1, scope="sys")  # FAILURES
+        else:
+            tl.atomic_add(status + 0, 1, scope="sys")  # FALLBACKS
 
 
 @triton.jit(do_not_specialize=["layer"])

@@ -26,13 +26,15 @@ def posted_forward(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Ten
         return _step(x, hidden_states, *args, **kwargs)
     t0 = time.perf_counter()
     index, weights = args
-    weights, skip = relay.enter(x.layer, hidden_states, index, weights)
+    weights, skip, rows = relay.enter(x.layer, hidden_states, index, weights)
     object.__setattr__(x, "skip", skip)
+    object.__setattr__(x, "host_rows", rows)
     t1 = time.perf_counter()
     try:
         out = _step(x, hidden_states, index, weights)
     finally:
         object.__setattr__(x, "skip", None)
+        object.__setattr__(x, "host_rows", None)
     t2 = time.perf_counter()
     out = relay.leave(x.layer, out)
     x.counts.host_s += (t1 - t0) + (time.perf_counter() - t2)
@@ -46,7 +48,7 @@ def _step(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     if posted:
         new_index, again = x.posted_index(index)
         skip = x.skip if again is None else again if x.skip is None else again | x.skip
-        params = x.pool.gather_posted_params(x.layer, index.reshape(-1), x.layout, skip)
+        params = x.pool.gather_posted_params(x.layer, index.reshape(-1), x.layout, skip, x.host_rows)
         n = index.numel()
         x.counts.posted_calls += 1
     else:  # on CUDA the step reads no slot the host chose: the slot fence covers device-side table reads only

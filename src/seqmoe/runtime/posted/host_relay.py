@@ -3,7 +3,7 @@ manager sends to the host CPU are computed there while the step computes the oth
 reads no host value to learn which or to get their output.
 
     # the step (model thread), in a posting forward's experts call of `layer`:
-    weights, skip = relay.enter(layer, x, index, weights)  # post the call's B rows, wait for the decision:
+    weights, skip, rows = relay.enter(layer, x, index, weights)  # post the call's B rows, wait for the decision:
     out = relay.leave(layer, device_part(x, index, weights))  # the host's positions at weight 0; add its sum
     # the control thread, after the state machine's reveal of (step, layer):
     relay.decide(step, layer, host_ids)
@@ -24,6 +24,17 @@ The host worker (`HostExecutor`'s one thread) waits for the hidden state of each
 step ended without posting it (an error or Ctrl-C mid-step) gives up once the model thread closes
 that step (`close_step`) or the control thread stops (the runtime closing). The step's own waits
 give up with an error when the control thread or a host job has failed: no wait outlives its partner.
+
+With a disk tier (`disk`: the host cache and the slot table) the relay runs in every posted step,
+host CPU path or not: a routed expert that holds no slot is read in place from a row of the host
+cache, which may still be on disk. At its decision the control thread holds (`HostCache.pin`) the
+row of each routed expert of the layer that holds no published slot and is not computed on the
+host, waiting for its read, and writes the row numbers beside the decision (`hrow`); the step reads
+them as it reads the decision, so it waits for the disk on the device side, never reading a host
+value. A published slot is released only at a later reveal, which needs a later post, and a later
+post follows this layer's gather in stream order: so a position the decision left without a row
+finds its slot at gather time, and the holds are released at the next decision (or when the step
+is cut short, after the stream has synchronised).
 
 On the CPU backend the step's waits spin on numpy views of the rings. On CUDA the rings are pinned
 and mapped and the step's side is three device kernels (`kernels.relay`), so the step reads no host
@@ -64,10 +75,11 @@ class HostRelay:
         layout, hosts: the packed expert layout and each layer's [E, P] host block.
         control_failed: true once the control thread has stopped or failed (the step's waits give up).
         device: where the step runs (on CUDA the rings are pinned and the step's side is `kernels.relay`).
+        disk: (the host cache, the pool's host slot table) with a disk tier, else None.
     """
 
     def __init__(self, mailbox, hidden_size: int, dtype: torch.dtype, executor, clones, layout, hosts,
-                 control_failed, device: torch.device = torch.device("cpu")) -> None:
+                 control_failed, device: torch.device = torch.device("cpu"), disk=None) -> None:
         self.box, self.executor, self.clones, self.layout, self.hosts = mailbox, executor, clones, layout, hosts
         self.L, self.K, self.R, self.rows, self.H, self.device = mailbox.L, mailbox.K, RING, mailbox.rows, \
             hidden_size, device
@@ -76,7 +88,12 @@ class HostRelay:
         self.x, self.out = ring((n, self.rows * hidden_size), dtype), ring((n, self.rows * hidden_size), dtype)
         self.index = ring((n, self.rows * self.K), torch.int64)
         self.weights = ring((n, self.rows * self.K), torch.float64)  # holds any routing dtype exactly
-        self.on_host = ring((n, hosts[0].shape[0]), torch.uint8)  # [E] per slot: 1 where the host computes
+        self.E = hosts[0].shape[0]
+        self.on_host = ring((n, self.E), torch.uint8)  # [E] per slot: 1 where the host computes
+        self.cache, self._table = disk if disk is not None else (None, None)
+        self.hrow = ring((n, self.E), torch.int32, -1) if disk is not None else None  # [E] per slot: host-cache rows
+        self._hrow_np = self.hrow.numpy() if disk is not None else None
+        self._held: list[int] = []  # host-cache rows pinned for the last decision
         self.seqs = ring((3, n), torch.int64, -1)  # the step whose (hidden state, decision, output) a slot holds
         self.status = ring((3,), torch.int64)  # kernels.relay's FALLBACKS, FAILURES, ABORT
         self.xseq, self.dseq, self.oseq = self.seqs.numpy()
@@ -105,10 +122,11 @@ class HostRelay:
 
     # -- the step's side (model thread) -------------------------------------------------------------
     def enter(self, layer: int, x: torch.Tensor, index: torch.Tensor,
-              weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+              weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Post the experts call of `layer` in the running step ([B, H] hidden states, [B, K] routed
         ids and weights) and wait for the decision: (the weights with the host's positions at 0,
-        [B x K] bool: the positions the host computes, whose rows the step need not read)."""
+        [B x K] bool: the positions the host computes, whose rows the step need not read, [B x K]
+        the host-cache row of each position's expert with a disk tier, else None)."""
         if x.dtype != self.x.dtype:  # the host must compute from exactly the call's numbers
             raise UserError(f"hidden states in {x.dtype} but experts in {self.x.dtype}: the host path of a posted "
                             "step needs one dtype; load the model in one dtype, or use control='inline'")
@@ -125,7 +143,8 @@ class HostRelay:
         self._open = (at, step, b)
         self._wait(self.dseq, at, step)
         keep = self.on_host[at][index] == 0
-        return torch.where(keep, weights, 0), ~keep.view(-1)
+        rows = None if self.hrow is None else self.hrow[at][index].reshape(-1).long()
+        return torch.where(keep, weights, 0), ~keep.view(-1), rows
 
     def leave(self, layer: int, out: torch.Tensor) -> torch.Tensor:
         """`out` plus the host's summed output of the call `enter` posted (waits for it)."""
@@ -165,9 +184,12 @@ class HostRelay:
                                "model again") from self.error
 
     # -- the control thread's side --------------------------------------------------------------------
-    def decide(self, step: int, layer: int, host_ids: list[int], rows: int = 1) -> None:
-        """The state machine sent experts `host_ids` of `layer` to the host CPU for `step` (of `rows` rows)."""
+    def decide(self, step: int, layer: int, host_ids: list[int], rows: int = 1, routed: np.ndarray | None = None) -> None:
+        """The state machine sent experts `host_ids` of `layer` to the host CPU for `step` (of `rows` rows);
+        `routed`: the layer's routed ids (a disk tier holds the rows the step reads in place)."""
         at = (step % self.R) * self.L + layer
+        if self.cache is not None:
+            self._hold_rows(at, layer, routed, host_ids)
         row = self._on_host_np[at]
         row[:] = 0
         row[host_ids] = 1
@@ -179,6 +201,28 @@ class HostRelay:
             self.oseq[at] = step
             return
         self.executor.call(self._compute, step, layer, at, host_ids, rows)
+
+    def _hold_rows(self, at: int, layer: int, routed: np.ndarray, host_ids: list[int]) -> None:
+        """Pin the host-cache row of each routed expert of `layer` without a published slot and not
+        computed on the host, and write the rows for the step (the previous decision's are released:
+        the step that read them has posted since)."""
+        self.release_rows()
+        hrow, base = self._hrow_np[at], layer * self.E
+        hrow[:] = -1
+        wanted = [int(e) for e in np.unique(routed) if self._table[layer, e] < 0 and e not in host_ids]
+        if len(wanted) >= self.cache.tier.rows:
+            raise UserError(f"a decode step reads {len(wanted)} experts of one layer from the host cache, which holds "
+                            f"{self.cache.tier.rows} rows: give more host_memory, or decode fewer sequences at once")
+        for e in wanted:
+            row = self.cache.pin(base + e)  # waits for its read from disk
+            self._held.append(row)
+            hrow[e] = row
+
+    def release_rows(self) -> None:
+        """The host-cache rows pinned for the last decision may change hands (its step read them)."""
+        held, self._held = self._held, []
+        for row in held:
+            self.cache.unpin(row)
 
     def _compute(self, step: int, layer: int, at: int, host_ids: list[int], rows: int) -> None:
         """One job on the host worker: wait for the hidden state, compute, post the sum."""

@@ -117,7 +117,7 @@ class PostedController(Controller):
             self.driver.reveal(layer, step_ids[:, layer])
         if self.relay is not None:
             base = layer * self.E
-            self.relay.decide(step, layer, sorted(u - base for u in self._on_host), b)
+            self.relay.decide(step, layer, sorted(u - base for u in self._on_host), b, ids)
         self._layer_end(layer)
         if layer == self.L - 1:
             self._keep(step_ids[:, None], step_w[:, None], [[t] for t in toks])
@@ -126,3 +126,5 @@ class PostedController(Controller):
         """The decode step being read was cut short after `layers` layers (control thread, under the lock)."""
         self._step = None
         self._drop_partial_token()
+        if self.relay is not None and self.relay.cache is not None:  # `_cut` synchronised the stream: no read remains
+            self.relay.release_rows()
