@@ -183,8 +183,6 @@ class SimConfig(ManagerConfig):
         if self.admission not in ADMISSIONS:
             raise UserError(f"--admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
         if self.batch > 1:
-            if self.twin is not None:
-                raise UserError("--batch above 1 replays no twins (they spend one token's gate budget): drop --twin")
             if system_spec(self.system).needs_pregate:
                 raise UserError(f"system {self.system!r} reads the trace's pre-gate scores by position: it replays "
                                 "batch 1 only")

@@ -31,11 +31,12 @@ def test_the_relay_kernels_compile_for_sm90_with_their_memory_orders(dt):
         pytest.skip("no triton with tl.atomic_load")
     k = relay_kernels._build()
     post = _ptx(k["post"], f"x:*{dt} index:*i64 weights:*fp32 posts:*i64 rx:*{dt} rindex:*i64 rweights:*fp64 "
-                "xseq:*i64 layer:i32 L:i32 R:i32 H:i32 K:i32", {"BH": 1024, "BK": 8})
+                "xseq:*i64 layer:i32 L:i32 R:i32 H:i32 K:i32 SH:i32 SK:i32", {"BH": 1024, "BK": 8})
     keep = _ptx(k["keep"], f"index:*i64 weights:*{dt} posts:*i64 on_host:*u8 dseq:*i64 status:*i64 kept:*{dt} "
-                "skip:*i8 fell:*i32 layer:i32 L:i32 R:i32 E:i32 K:i32 SPINS:i32", {"BK": 8})
+                "skip:*i8 fell:*i32 hrow:*i32 hids:*i64 layer:i32 L:i32 R:i32 E:i32 K:i32 SPINS:i32",
+                {"BK": 8, "HAS_ROWS": True})
     add = _ptx(k["add"], f"out:*{dt} host_out:*{dt} posts:*i64 oseq:*i64 status:*i64 fell:*i32 layer:i32 L:i32 "
-               "R:i32 H:i32 SPINS:i32", {"BH": 1024})
+               "R:i32 H:i32 SH:i32 SPINS:i32", {"BH": 1024})
     flag = post.index("st.relaxed.sys")  # a release store: a system fence, then the store
     assert "fence.release.sys" in post[:flag] and "bar.sync" in post[:flag]
     for name, ptx in (("keep", keep), ("add", add)):

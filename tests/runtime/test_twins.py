@@ -23,13 +23,16 @@ EVERY_MISS = 1e9
 
 
 def _stepwise(model, ids=LOGITS_INPUT) -> torch.Tensor:
-    """[n, V] logits of `ids` fed one position per forward (every position a decode step: a prompt
-    forward computes each expert where it is, twins aside)."""
+    """[n, V] logits of `ids` [n] (or [B, n, V] of B rows [B, n]) fed one position per forward (every
+    position a decode step: a prompt forward computes each expert where it is, twins aside)."""
+    ids = torch.as_tensor(ids)
+    rows = ids.view(-1, ids.shape[-1])
     key, cache, out = cache_kwarg(model), DynamicCache(config=model.config), []
     with torch.no_grad():
-        for t in ids:
-            out.append(model(torch.tensor([[t]]), use_cache=True, **{key: cache}).logits[0, -1])
-    return torch.stack(out)
+        for t in range(rows.shape[1]):
+            out.append(model(rows[:, t:t + 1], use_cache=True, **{key: cache}).logits[:, -1])
+    got = torch.stack(out, 1)
+    return got[0] if ids.ndim == 1 else got
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -45,6 +48,21 @@ def test_a_position_whose_every_miss_reads_its_twin_computes_the_quantized_model
     assert (got - want).abs().max().item() <= 1e-4
     assert s["misses_twin"] == s["misses"] == s["twin_reads"] > 0 and s["sim_copies"] == 0
     assert torch.equal(greedy(model), reference(arch).tokens)  # restore gives the model back whole
+
+
+def test_a_batch_step_reads_the_twins_of_its_rows_misses():
+    """Three rows decoded together, every miss to its twin: each row's logits are the int4-quantized
+    model's, and a twin two rows need is read once."""
+    one = torch.as_tensor(LOGITS_INPUT)
+    ids = torch.stack([one, one.flip(0), (one * 7) % 100])
+    want = _stepwise(quantize_experts(fresh("mixtral"), "int4"), ids)
+    model = fresh("mixtral")
+    rt = offload(model, 0.3, "on-demand-lru", miss="copy", twin="int4", twin_budget=EVERY_MISS)
+    got = _stepwise(model, ids)
+    s = rt.stats()
+    rt.restore()
+    assert (got - want).abs().max().item() <= 1e-4
+    assert 0 < s["twin_reads"] == s["misses_twin"] < s["misses"]  # misses count per row, a twin is read once
 
 
 @pytest.mark.parametrize("miss", ["copy", "auto"])

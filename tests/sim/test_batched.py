@@ -100,8 +100,6 @@ def test_run_one_reports_steps_and_refuses_what_it_cannot_replay(tmp_path):
     assert tight["misses_in_place"] > 0 and tight["activations"] == 160 * 4 * 3  # the rest of a layer is read in place
     with pytest.raises(UserError, match="--batch"):
         SimConfig(trace="t", batch=0)
-    with pytest.raises(UserError, match="no twins"):
-        SimConfig(trace="t", batch=2, twin="int4")
     windowed = run_one(w, dataclasses.replace(cfg, window_tokens=30))
     assert {k: v for k, v in windowed.items() if k not in ("windows", "config", "config_hash", "sim_wall_s",
                                                             "activations_per_s", "decision_us_per_token")} == \

@@ -42,8 +42,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
             the trace must hold `router_logits`); None: the recorded routing.
         window_tokens: also count each window of this many tokens (`SimCounts.windows`; batched: from the
             first step boundary at or after each multiple of it).
-        plan: decode the requests B at a time in lockstep (`seqmoe.sim.lockstep`; exact routing, no
-            twins); None: batch 1.
+        plan: decode the requests B at a time in lockstep (`seqmoe.sim.lockstep`); None: batch 1.
         pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
             bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
         host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.brain.manager.disk_clock`; the
@@ -86,9 +85,9 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
     """`simulate`'s replay on `driver`."""
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     if plan is not None and plan.batch > 1:
-        if gates is not None or pools:
-            raise UserError("a batched replay replays no twins or prompts")
-        return _simulate_batched(trace, driver, plan, progress, system.name, window_tokens, routing)
+        if pools:
+            raise UserError("a batched replay replays no prompts")
+        return _simulate_batched(trace, driver, plan, progress, system.name, window_tokens, routing, gates)
     L, K = trace.num_layers, trace.top_k
     flat = trace.uids().reshape(-1, K).astype(np.int64)  # [T * L, K]
     if not driver.manager.takes_arrays:
@@ -124,7 +123,8 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
 
 
 def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progress: bool, name: str,
-                      window_tokens: int | None = None, routing: CacheAwareRouting | None = None) -> SimCounts:
+                      window_tokens: int | None = None, routing: CacheAwareRouting | None = None,
+                      gates: np.ndarray | None = None) -> SimCounts:
     """`simulate` over the steps of `plan`: each lane's token, every layer's [B, K] routing at once (after
     the cache-aware `routing`, each row within its own token's budget); a window opens at the first
     step boundary at or after each multiple of `window_tokens` tokens decoded."""
@@ -142,12 +142,13 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
                           plan.new[s, lanes].tolist(), lanes.tolist())
         step_ids = ids[rows]  # [B, L, K]
         for l in range(trace.num_layers):
-            routed = step_ids[:, l]
+            routed, weights = step_ids[:, l], None if gates is None else gates[rows, l]
             if routing is not None:
                 got = routing.substitute(l, lambda: trace.router_logits[rows, l].astype(np.float64),
                                          lambda: trace.gate_weights[rows, l].astype(np.float64), routed)
-                routed = routed if got is None else got[1].astype(routed.dtype)
-            driver.reveal(l, routed)
+                if got is not None:
+                    routed, weights = got[1].astype(routed.dtype), None if gates is None else got[0]
+            driver.reveal(l, routed, weights=weights)
             driver.layer_end(l)
         if s % 64 == 63:
             bar.update(64)

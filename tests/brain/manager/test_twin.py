@@ -15,6 +15,7 @@ from seqmoe.brain.manager import Driver, SystemInputs, build_manager, build_syst
 from seqmoe.brain.manager.miss_paths import DEFAULT_TWIN_BUDGET, Twin, check_twin, pick_twins
 from seqmoe.costs.profiles import copy_time_s
 from seqmoe.sim import simulate
+from seqmoe.sim.lockstep import lockstep
 from tests.conftest import make_trace, tiny_hardware, tiny_model
 
 SHAPE = dict(num_layers=4, num_experts=16, top_k=3)
@@ -115,7 +116,7 @@ def test_simulate_asks_for_gate_weights():
         simulate(trace, system, model=tiny_model(trace), hardware=tiny_hardware(), capacity=12, start=[])
 
 
-def _both(name, seed, r, miss, budget):
+def _both(name, seed, r, miss, budget, batch=1):
     train = make_trace(num_tokens=300, seed=seed + 50, **SHAPE)
     test = _with_gates(make_trace(num_tokens=160, seed=seed, **SHAPE), seed)
     C = capacity_for(r, test.num_layers, test.num_experts, test.top_k)
@@ -124,7 +125,8 @@ def _both(name, seed, r, miss, budget):
     out = []
     for compiled in (False, True):
         c = simulate(test, build_system(name, inputs, miss, Twin("int4", budget)), model=tiny_model(test),
-                     hardware=HOST_HW, capacity=C, start=start, compiled=compiled)
+                     hardware=HOST_HW, capacity=C, start=start, compiled=compiled,
+                     plan=lockstep(test, batch) if batch > 1 else None)
         out.append({k: v for k, v in dataclasses.asdict(c).items() if k != "decision_s"})
     return out
 
@@ -138,6 +140,27 @@ def test_compiled_equals_reference_with_twins(name, miss, budget, seed, r):
     assert fast == ref
     assert (ref["twin"] > 0) == (budget > 0)
     assert ref["twin_weight"] <= budget * ref["num_tokens"] + 1e-9
+
+
+@pytest.mark.parametrize("budget", [0.4, 1.5])
+@pytest.mark.parametrize("miss", ["copy", "auto"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_batch_spends_its_rows_budgets_on_twins_alike_compiled_or_not(miss, budget, seed):
+    """At batch B a step spends B tokens' budgets, a twin costing its gate weight in every row routing it:
+    the gate weight twins serve per token stays within the budget."""
+    ref, fast = _both("on-demand-lru", seed, 0.2, miss, budget, batch=4)
+    assert fast == ref
+    assert ref["twin"] > 0 and ref["twin_weight"] <= budget * ref["num_tokens"] + 1e-9
+    assert ref["misses"] > ref["twin"]  # shared misses count once per activation, their twin read once
+
+
+def test_summed_per_uid_adds_a_shared_experts_weights():
+    from seqmoe.brain.manager.driver import distinct_uids, summed_per_uid
+
+    flat = np.array([5, 2, 9, 2, 5, 7])
+    uids, _ = distinct_uids(flat)
+    assert uids.tolist() == [5, 2, 9, 7]
+    assert summed_per_uid(flat, uids, np.array([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])).tolist() == pytest.approx([0.6, 0.6, 0.3, 0.6])
 
 
 def test_twins_save_copies_and_time_against_no_twins():

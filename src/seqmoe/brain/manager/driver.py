@@ -68,8 +68,6 @@ class Driver:
         if not (len(lanes) == len(token_ids) == len(new_requests) >= 1):
             raise ValueError(f"a step needs one token, request flag and lane per row; got {len(token_ids)}, "
                              f"{len(new_requests)} and {len(lanes)}")
-        if len(lanes) > 1 and self.manager.twin is not None:
-            raise UserError("low-bit twins pick misses by one token's gate weights: they serve batch 1 only")
         pred = self.manager.lanes()
         if pred is not None:
             for lane, new in zip(lanes, new_requests):
@@ -86,7 +84,8 @@ class Driver:
 
     def reveal(self, layer: int, ids: np.ndarray, uids=None, weights: np.ndarray | None = None) -> None:
         """Layer `layer` of the current step routed to `ids` ([K] expert ids; [B, K] in a step of B
-        rows) with gate `weights` (read by the twin miss path only, batch 1); `uids`: the same as
+        rows) with gate `weights` (read by the twin miss path only; [B, K] summed per distinct expert,
+        the twin rule of a batch: docs/DESIGN.md, "Low-bit twins on a miss"); `uids`: the same as
         global ids (`layer * E + id`) when the caller has them at hand, in the form the manager takes
         (`takes_arrays`: an int64 array, else a list). The clock moves to when the layer's experts can start."""
         m, mult = self.manager, None
@@ -95,7 +94,10 @@ class Driver:
                 raise UserError(f"an expert index outside 0..{self.E - 1} was routed: expert parallelism is "
                                 "not supported")
             if ids.ndim == 2:
-                uids, mult = distinct_uids(ids.reshape(-1).astype(np.int64) + self._base[layer])
+                flat = ids.reshape(-1).astype(np.int64) + self._base[layer]
+                uids, mult = distinct_uids(flat)
+                if weights is not None and m.twin is not None:  # a twin costs its gate weight in every row routing it
+                    weights = summed_per_uid(flat, uids, np.asarray(weights, dtype=np.float64).reshape(-1))
             else:
                 uids = ids.astype(np.int64) + self._base[layer]
             if not m.takes_arrays:
@@ -170,3 +172,11 @@ def distinct_uids(uids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     values, first, counts = np.unique(uids, return_index=True, return_counts=True)
     order = np.argsort(first, kind="stable")
     return values[order], counts[order].astype(np.int64)
+
+
+def summed_per_uid(flat: np.ndarray, uids: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    """[len(uids)]: the sum of `weights` over the positions of `flat` holding each of `uids` (every value
+    of `flat` is among `uids`)."""
+    order = np.argsort(uids, kind="stable")
+    at = order[np.searchsorted(uids, flat, sorter=order)]
+    return np.bincount(at, weights=weights, minlength=len(uids))

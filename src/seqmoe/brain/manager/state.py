@@ -319,8 +319,8 @@ class MemoryManager(ManagerBase):
         self._finish_copies(now)
         e = self.channel
         self._note_channel(now, e.started + e.reads, e.twin_reads)
-        if self.twin is not None:
-            self._twin_left = self.twin.budget
+        if self.twin is not None:  # a step of B rows spends B tokens' budgets
+            self._twin_left = self.twin.budget * (len(token_id) if isinstance(token_id, list) else 1)
         pred, pre = self.predictor, self.system.prefetcher
         if pred is None and pre is None:
             return

@@ -201,7 +201,7 @@ class Controller:
                 if b == 1:
                     self.driver.reveal(layer, buf_ids[0, 0, layer], weights=buf_w[0, 0, layer])
                 else:
-                    self.driver.reveal(layer, buf_ids[:, 0, layer])
+                    self.driver.reveal(layer, buf_ids[:, 0, layer], weights=buf_w[:, 0, layer])
 
     def experts_done(self, layer: int) -> None:
         """Layer `layer`'s experts finished computing."""
@@ -233,7 +233,7 @@ class Controller:
                         if b == 1:
                             self.driver.reveal(l, ids[0, done, l], weights=weights[0, done, l])
                         else:
-                            self.driver.reveal(l, ids[:, done, l])
+                            self.driver.reveal(l, ids[:, done, l], weights=weights[:, done, l])
                         self._layer_end(l)
                     done += 1
         finally:

@@ -164,8 +164,8 @@ class CompiledManager(ManagerBase):
     def token_start(self, step_: int, now: float, token_id: int | None) -> None:
         step.move_to(*self._state, step_ - 1, now, self.buf)
         self._note_channel(now, int(self.S[STARTED] + self.S[READS]), int(self.S[TWIN_READS]))
-        if self.twin is not None:
-            self.G[TWIN_LEFT] = self.twin.budget
+        if self.twin is not None:  # a step of B rows spends B tokens' budgets
+            self.G[TWIN_LEFT] = self.twin.budget * (len(token_id) if isinstance(token_id, list) else 1)
         price = price_of_copy(self.channel_use) if self._adaptive_margin else self.G[MARGIN]
         if price != self.G[MARGIN]:
             self.G[MARGIN] = price
