@@ -331,9 +331,10 @@ class OffloadConfig(ManagerConfig):
         return dataclasses.replace(self, control="thread")
 
     def control_on(self, device_type: str) -> str:
-        """Where the control plane runs on a device of `device_type` (inline for the twin miss path and
-        a disk tier: a posted step reads host rows in place, which a disk tier cannot promise)."""
-        posted = device_type == "cuda" and self.twin is None and self.host_memory is None
+        """Where the control plane runs on a device of `device_type`: on its own thread on CUDA (posted,
+        capturable steps), inline on the CPU, and for what reads the routing on the host as the step
+        runs (the twin miss path, live pre-gating)."""
+        posted = device_type == "cuda" and self.twin is None and not system_spec(self.system).needs_pregate
         return self.control or ("thread" if posted else "inline")
 
     def miss_with(self, control: str) -> str:

@@ -3,7 +3,7 @@
 `cli_server` (one per session) runs `python -m seqmoe serve --port 0 ...` with seqmoe-tiny and a
 test chat template, and reads the port from its "serving ... on http://..." line. `LiveServer`
 runs the same app with uvicorn on a thread of the test process (for other settings: no chat
-template, a small queue, --graph). Both listen on a free localhost port.
+template, a small queue, --eager). Both listen on a free localhost port.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def _up(base: str) -> bool:
 
 
 class LiveServer(Server):
-    """The app on uvicorn in a thread of this process (`start_batcher` kwargs: graph, queue_limit, ...)."""
+    """The app on uvicorn in a thread of this process (`start_batcher` kwargs: eager, queue_limit, ...)."""
 
     def __init__(self, **load) -> None:
         import uvicorn

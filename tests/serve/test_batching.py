@@ -6,11 +6,12 @@ Run: pytest tests/serve/test_batching.py -q
 
 from __future__ import annotations
 
+import re
 import threading
 
 import pytest
 
-from tests.serve.conftest import MODEL, LiveServer, openai, wait_for
+from tests.serve.conftest import MODEL, RESIDENCY, SYSTEM, LiveServer, openai, wait_for
 from tests.serve.test_server import PROMPTS, complete, stream_text
 
 
@@ -53,6 +54,28 @@ def test_eight_streaming_clients_decode_together_and_each_gets_its_text_alone(ba
     assert max(seen) > 1  # they ran together
     s = wait_for(batched.idle, what="the batch to drain")["server"]
     assert s["failed"] == 0 and s["max_batch"] == 8
+
+
+def test_four_streaming_clients_on_the_static_cache_get_the_text_of_seqmoe_generate(capsys):
+    """`seqmoe serve --max-batch 4` on its default path (one static cache, decoded eagerly on the CPU):
+    four concurrent streaming clients, each the text `seqmoe generate` prints for its prompt."""
+    from seqmoe.cli import main
+
+    prompts, n, want = PROMPTS[:4], 16, []
+    for p in prompts:
+        assert main(["generate", "--model", MODEL, "--prompt", p, "--max-new-tokens", str(n), "--residency",
+                     str(RESIDENCY), "--system", SYSTEM, "--device", "cpu", "--threads", "1", "--no-progress"]) == 0
+        out = capsys.readouterr().out
+        want.append(out[len(p):re.search(r"\n\n\d+ tokens in ", out).start()])
+    server = LiveServer(max_batch=4, threads=1)
+    try:
+        client = server.client()
+        got = _concurrently(lambda p: stream_text(client, p, max_tokens=n, temperature=0), prompts)
+        s = wait_for(server.idle, what="the batch to drain")["server"]
+    finally:
+        server.close()
+    assert ["".join(chunks) for chunks, _, _ in got] == want
+    assert s["path"] == "static" and s["max_batch"] == 4 and s["completed"] == 4 and s["failed"] == 0
 
 
 def test_a_request_leaving_mid_batch_and_seeded_sampling_leave_the_others_exact(batched):

@@ -16,7 +16,6 @@ from seqmoe.cli import main
     (["--port", "70000"], "--port must be in"),
     (["--queue-limit", "-1"], "--queue-limit must be >= 0"),
     (["--context-length", "1"], "--context-length must be >= 2"),
-    (["--graph", "--control", "inline"], "--graph needs --control thread"),
     (["--chat-template", "/nonexistent/chat.jinja"], "no chat template file"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, flags, message):

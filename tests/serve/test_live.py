@@ -1,5 +1,5 @@
 """`seqmoe serve` in other settings, on uvicorn in this process: no chat template, a full queue, a
-failing forward, --graph.
+failing forward, --eager.
 
 Run: pytest tests/serve/test_live.py -q
 """
@@ -69,15 +69,15 @@ def test_a_failing_forward_is_a_500_and_the_next_request_is_served(small_queue):
 
 
 @pytest.fixture(scope="module")
-def graph_server():
-    server = LiveServer(graph=True, threads=1)
+def eager_server():
+    server = LiveServer(eager=True, threads=1)
     yield server
     server.close()
 
 
-def test_graph_decoding_gives_the_eager_servers_text(graph_server, cli_server):
-    graph, eager = graph_server.client(), cli_server.client()
+def test_the_static_cache_path_gives_the_eager_paths_text(eager_server, cli_server):
+    """The default server (one static cache) and `--eager` (a growing cache) answer alike, greedy and sampled."""
+    eager, static = eager_server.client(), cli_server.client()
     for kw in (dict(max_tokens=20), dict(max_tokens=20, stop=["\n"]), dict(max_tokens=12, temperature=0.8, seed=3)):
-        assert complete(graph, PROMPTS[1], **kw) == complete(eager, PROMPTS[1], **kw)
-    s = graph_server.stats()
-    assert s["runtime"]["control"] == "thread" and s["server"]["completed"] == 3
+        assert complete(static, PROMPTS[1], **kw) == complete(eager, PROMPTS[1], **kw)
+    assert eager_server.stats()["server"]["path"] == "eager" and cli_server.stats()["server"]["path"] == "static"

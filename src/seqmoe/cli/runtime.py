@@ -59,7 +59,10 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     gen.add_argument("--prompt", required=True, metavar="TEXT", help="the prompt")
     gen.add_argument("--max-new-tokens", type=int, default=32, help="tokens to generate (default: 32)")
     gen.add_argument("--graph", action="store_true", help="decode with DecodeGraph: a static cache and, on cuda, the "
-                     "decode step captured once as a CUDA graph (implies --control thread)")
+                     "decode step captured once as a CUDA graph (implies --control thread; the default on cuda where "
+                     "the control plane runs on its thread)")
+    gen.add_argument("--eager", action="store_true", help="decode with transformers' generate, each step run eagerly "
+                     "(the default on the CPU)")
     gen.add_argument("--json", action="store_true", help="print the run's stats as one JSON object on the last line")
     gen.set_defaults(func=run_generate)
 
@@ -130,6 +133,8 @@ def run_convert(args) -> int:
 
 def run_generate(args) -> int:
     load, cfg = offload_configs(args)
+    if args.graph and args.eager:
+        raise UserError("--graph and --eager are two ways to decode: give one")
     cfg = cfg.for_graph() if args.graph else cfg
     if args.max_new_tokens < 1:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
@@ -147,9 +152,11 @@ def run_generate(args) -> int:
         raise UserError("the prompt has no tokens; give some text")
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
     ids = ids.to(runtime.pool.device)
+    # On CUDA the captured step is the default wherever the control plane runs on its thread.
+    graph = args.graph or (not args.eager and runtime.pool.device.type == "cuda" and runtime.control == "thread")
     t0 = time.perf_counter()
     with torch.no_grad():
-        if args.graph:
+        if graph:
             from seqmoe.runtime.posted.graph import DecodeGraph  # torch: only when this runs
 
             out = DecodeGraph(runtime, ids.shape[1] + args.max_new_tokens).generate(
@@ -164,13 +171,13 @@ def run_generate(args) -> int:
     text = tok.decode(new, skip_special_tokens=True)
     stats = runtime.stats()
     dense = sum(p.numel() * p.element_size() for p in model.parameters())
-    stats.update(generated_tokens=int(new.numel()), wall_s=wall, wall_tokens_per_s=new.numel() / wall,
-                 dense_bytes=dense, model=str(load.model))
+    stats.update(generated_tokens=int(new.numel()), decode="graph" if graph else "eager", wall_s=wall,
+                 wall_tokens_per_s=new.numel() / wall, dense_bytes=dense, model=str(load.model))
     runtime.close()
     print(args.prompt + text)
     budget = f" (from --expert-memory {cfg.expert_memory})" if cfg.expert_memory is not None else ""
-    print(f"\n{new.numel()} tokens in {wall:.2f} s ({new.numel() / wall:.1f} tokens/s) on {stats['device']}, "
-          f"system {cfg.system}, residency {stats['residency']:.4g}{budget}: {stats['capacity']} of "
+    print(f"\n{new.numel()} tokens in {wall:.2f} s ({new.numel() / wall:.1f} tokens/s, {stats['decode']} decode) on "
+          f"{stats['device']}, system {cfg.system}, residency {stats['residency']:.4g}{budget}: {stats['capacity']} of "
           f"{stats['num_layers'] * stats['num_experts']} experts in device slots, {stats['expert_dtype']} experts of "
           f"{format_bytes(stats['expert_bytes'])}")
     print(f"hit rate {stats['hit_rate']:.3f} (ready {stats['ready']}, late {stats['late']}, misses {stats['misses']}: "

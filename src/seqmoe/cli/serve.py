@@ -35,14 +35,14 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
         "(who leaves it first: --admission).",
     )
     add_offload_flags(s)
-    s.add_argument("--graph", action="store_true", help="decode greedy requests with DecodeGraph (a static cache "
-                   "and, on cuda, one CUDA graph per step; implies --control thread); their text arrives in one piece "
-                   "and a disconnect is seen only between requests. Sampled requests decode step by step")
+    s.add_argument("--eager", action="store_true", help="decode the running batch in a cache that grows with it, "
+                   "eagerly (default: one static cache of --max-batch rows and the context length, whose decode step "
+                   "is captured as one CUDA graph per number of rows on cuda with --control thread, the default there)")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port, printed)")
     s.add_argument("--max-batch", type=int, default=8, help="requests decoded together: they join and leave the "
                    "running batch between decode steps (continuous batching); 1: one at a time. One at a time anyway "
-                   "with --graph, cache-aware routing, pre-gating, twins or a sliding-window cache "
+                   "with cache-aware routing, pre-gating, twins or a sliding-window cache "
                    "(default: 8)")
     s.add_argument("--admission", default="fifo", help="which waiting request takes a free row of the batch: "
                    f"{' or '.join(ADMISSIONS)} (the one whose forecast routing overlaps most with the running batch's "
@@ -85,14 +85,13 @@ def _bind(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise UserError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)  # connections made once "serving" is printed wait for uvicorn instead of being refused
     sock.set_inheritable(True)
     return sock
 
 
 def run_serve(args) -> int:
     load, cfg = offload_configs(args)
-    if args.graph:
-        cfg.for_graph()  # a bad combination fails before the server's imports
     _check_args(args)
     try:
         import uvicorn  # uvicorn: only when this runs
@@ -103,7 +102,7 @@ def run_serve(args) -> int:
     from seqmoe.serve.startup import start_batcher  # torch: only when this runs
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
-    served = start_batcher(load, cfg, graph=args.graph, queue_limit=args.queue_limit,
+    served = start_batcher(load, cfg, eager=args.eager, queue_limit=args.queue_limit,
                          max_batch=args.max_batch, admission=args.admission,
                          context_length=args.context_length, chat_template=args.chat_template,
                          name=args.served_model_name, progress=progress(args))

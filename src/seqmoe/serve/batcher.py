@@ -8,10 +8,11 @@
     batcher.close()
 
 Continuous batching: between two decode steps, waiting jobs join the running batch (up to `max_batch`
-rows; which job first: `serve.admission`, FIFO by default) by a prompt forward of their own, and finished or cancelled ones leave; each
-decode step is one forward over every running row (`serve.kv.BatchKV`: a left-padded cache and its
-mask), each row on its own lane of the runtime (`OffloadRuntime.use_lanes`), so each sequence keeps
-its forecaster state. torch is not re-entrant, so every forward (and `runtime.stats()`) runs on this
+rows; which job first: `serve.admission`, FIFO by default) by a prompt forward of their own, and finished
+or cancelled ones leave; each decode step is one forward over every running row, each row on its own
+lane of the runtime (`OffloadRuntime.use_lanes`), so each sequence keeps its forecaster state. The
+rows live in one static cache (`serve.static.StaticBatch`, one CUDA graph per row count on a GPU), or
+with `static=None` in a growing left-padded cache (`serve.kv.BatchKV`, the eager path). torch is not re-entrant, so every forward (and `runtime.stats()`) runs on this
 thread; HTTP handlers only enqueue jobs and receive events through `emit`, which the batcher calls
 from its thread: ("text", delta), then ("done", finish_reason, usage) or ("error", message). A
 cancelled job gets no more events. Cancelling never interrupts a forward: the batcher looks at the
@@ -37,6 +38,7 @@ import torch
 from seqmoe.serve.admission import Admission
 from seqmoe.serve.kv import BatchKV, why_one_at_a_time
 from seqmoe.serve.sampling import TextStream, choose_token
+from seqmoe.serve.static import StaticBatch
 
 
 class QueueFull(Exception):
@@ -96,15 +98,16 @@ class Batcher:
             reason in `batch_note`, where the runtime or the model's cache serves one sequence.
         eos_token_ids: generation ends after any of these (default: the model's generation config's,
             else the tokenizer's).
-        graph: a `seqmoe.runtime.DecodeGraph` that decodes greedy jobs (None: the eager loop); it
-            stops at one end-of-sequence id only (the smallest); it decodes one sequence.
+        static: the static cache's positions (the context length), or None: the eager path.
+        capture: capture the static path's steps as CUDA graphs (default: on CUDA with thread control).
         model: the model to serve when `runtime` is None.
         admission: which waiting job takes a free row (`serve.admission.ADMISSIONS`; default FIFO).
     """
 
     def __init__(self, runtime, tokenizer, *, queue_limit: int = 32, max_batch: int = 1,
-                 eos_token_ids: tuple[int, ...] | None = None, graph=None, model=None, admission: str = "fifo") -> None:
-        self.runtime, self.tokenizer, self.graph = runtime, tokenizer, graph
+                 eos_token_ids: tuple[int, ...] | None = None, static: int | None = None, capture: bool | None = None,
+                 model=None, admission: str = "fifo") -> None:
+        self.runtime, self.tokenizer = runtime, tokenizer
         self.model = runtime.model if runtime is not None else model
         self.device = next(self.model.parameters()).device
         self.queue_limit = queue_limit
@@ -114,12 +117,14 @@ class Batcher:
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         # generate() computes only the last position's logits in the prompt pass; so do we (same numbers)
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
-        self.batch_note = why_one_at_a_time(runtime, graph, self._new_cache())
+        self.batch_note = why_one_at_a_time(runtime, self._new_cache())
         self.max_batch = 1 if self.batch_note else max_batch
         self.admission = Admission(admission, self.model, runtime, self.max_batch)
         self.counts_ = ServerCounts()
         self._rows: list[_Row] = []  # the running batch, in the order of its cache's rows
-        self._kv: BatchKV | None = None
+        self._kv: BatchKV | StaticBatch | None = None if static is None or self.batch_note else StaticBatch(
+            self.model, self.max_batch, static, self._cache_kwarg, runtime, capture)
+        self.path = "eager" if self._kv is None else "captured" if self._kv.capture else "static"
         self._jobs: collections.deque[Job] = collections.deque()
         self._calls: collections.deque[tuple[Callable, Future]] = collections.deque()
         self._cv = threading.Condition()
@@ -164,7 +169,7 @@ class Batcher:
     def counts(self) -> dict:
         with self._cv:
             c = dict(vars(self.counts_))
-            c.update(waiting=len(self._jobs), running=len(self._rows), max_batch=self.max_batch,
+            c.update(waiting=len(self._jobs), running=len(self._rows), max_batch=self.max_batch, path=self.path,
                      queue_limit=self.queue_limit, **self.admission.counts(),
                      wall_tokens_per_s=c["completion_tokens"] / c["busy_s"] if c["busy_s"] else 0.0)
         return c
@@ -228,8 +233,6 @@ class Batcher:
                 self._rows.append(row)  # counted as running from here (its prompt forward may take a while)
             if job.cancelled.is_set():
                 self._finish([row], {id(row): None})
-            elif self.graph is not None and job.params.temperature <= 0:
-                self._guarded(lambda: self._finish([row], {id(row): self._decode_graph(row)}), [row])
             else:
                 self._guarded(lambda: self._prefill(row), [row])
 
@@ -243,10 +246,12 @@ class Batcher:
             failed = list(self._rows) if rows is None else [r for r in rows if r in self._rows]
             self._finish(failed, {id(r): "error" for r in failed}, f"generation failed: {type(e).__name__}: {e}")
 
-    def _forward(self, ids: torch.Tensor, lanes: list[int], **kwargs):
+    def _forward(self, ids: torch.Tensor, lanes: list[int], run=None, cache=None, **kwargs):
+        """The model's logits for `ids` on `lanes` with `cache` (`run()`'s instead, a graph replay, when given)."""
         if self.runtime is not None:
             self.runtime.use_lanes(lanes)
-        logits = self.model(input_ids=ids, use_cache=True, **kwargs, **self._keep).logits
+        kwargs = {"input_ids": ids} | kwargs | {self._cache_kwarg: cache}
+        logits = run() if run is not None else self.model(**kwargs, use_cache=True, **self._keep).logits
         self.admission.observe(ids, lanes)
         return logits
 
@@ -257,7 +262,7 @@ class Batcher:
         row.text = TextStream(self.tokenizer, p.stop)
         cache = self._new_cache()  # as model.generate builds it; the runtime's hooks see an empty cache as a new request
         ids = torch.tensor([row.job.prompt_ids], device=self.device)
-        logits = self._forward(ids, [row.lane], **{self._cache_kwarg: cache})
+        logits = self._forward(ids, [row.lane], cache=cache)
         row.positions += ids.shape[1]
         finish = self._next(row, logits[0, -1])
         if finish is not None:
@@ -268,12 +273,9 @@ class Batcher:
 
     def _step(self) -> None:
         """One decode step over every running row; rows that end leave the batch."""
-        rows, kv = self._rows, self._kv
+        rows, lanes = self._rows, [r.lane for r in self._rows]
         ids = torch.tensor([[r.token] for r in rows], device=self.device)
-        mask = kv.step_mask()
-        logits = self._forward(ids, [r.lane for r in rows], attention_mask=mask, position_ids=kv.positions(),
-                               **{self._cache_kwarg: kv.cache})
-        kv.stepped(mask)
+        logits = self._kv.step(lambda **kw: self._forward(ids, lanes, **kw), ids)
         ended = {}
         for i, row in enumerate(rows):
             row.positions += 1
@@ -337,27 +339,6 @@ class Batcher:
         from transformers import DynamicCache  # transformers: only when this runs
 
         return DynamicCache(config=self.model.config.get_text_config(decoder=True))
-
-    def _decode_graph(self, row: _Row) -> str:
-        """A greedy job through DecodeGraph: the whole completion at once, then its text."""
-        job = row.job
-        p, n = job.params, len(job.prompt_ids)
-        ids = torch.tensor([job.prompt_ids], device=self.device)
-        eos = min(self.eos) if self.eos else None
-        steps = self.graph.steps
-        out = self.graph.generate(ids, p.max_tokens, eos_token_id=eos)[0, n:].tolist()
-        row.positions += n + self.graph.steps - steps  # the prompt, then each decode step it ran
-        text = TextStream(self.tokenizer, p.stop)
-        for token in out:  # usage counts what the eager loop would have generated (up to the stop)
-            row.completion += 1
-            if token in self.eos:
-                break
-            text.push(token)
-            if text.finished:
-                break
-        if text.text:
-            job.emit("text", text.text)
-        return "stop" if text.finished or (out and out[-1] in self.eos) else "length"
 
     @staticmethod
     def _flush(job: Job, text: TextStream) -> None:

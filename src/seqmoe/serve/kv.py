@@ -26,10 +26,8 @@ def batchable(cache) -> bool:
     return all(not getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [None]))
 
 
-def why_one_at_a_time(runtime, graph, cache) -> str | None:
+def why_one_at_a_time(runtime, cache) -> str | None:
     """Why the batcher must decode one request at a time (None: it may batch)."""
-    if graph is not None:
-        return "DecodeGraph decodes rows that start together, not requests that join and leave"
     if not batchable(cache):
         return "the model's cache has sliding-window layers, which rows cannot be padded and joined in"
     if runtime is None:
@@ -71,6 +69,13 @@ class BatchKV:
         """The decode step with `mask` (`step_mask`) ran: every row gained one position."""
         self.mask = mask
         self.lengths = [n + 1 for n in self.lengths]
+
+    def step(self, forward, ids: torch.Tensor) -> torch.Tensor:
+        """One decode step of every row: `forward(cache=..., **kwargs)` (the caller's, for `ids`)."""
+        mask = self.step_mask()
+        logits = forward(attention_mask=mask, position_ids=self.positions(), cache=self.cache)
+        self.stepped(mask)
+        return logits
 
     def join(self, other: BatchKV) -> BatchKV:
         """This batch's rows, then `other`'s, left-padded to the longer of the two."""

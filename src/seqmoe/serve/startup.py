@@ -18,7 +18,6 @@ from pathlib import Path
 
 from seqmoe.base.errors import UserError
 from seqmoe.config import LoadConfig, OffloadConfig
-from seqmoe.runtime import DecodeGraph
 from seqmoe.runtime.load import load_offloaded
 from seqmoe.serve.batcher import Batcher
 
@@ -41,16 +40,17 @@ class Served:
         self.runtime.close()
 
 
-def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, queue_limit: int = 32,
+def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, eager: bool = False, queue_limit: int = 32,
                 max_batch: int = 8, context_length: int | None = None, chat_template: str | None = None, name: str | None = None,
                 progress: bool = False, admission: str = "fifo") -> Served:
-    """Load `load.model`, offload it as `cfg` says (`graph`: with thread control, decoding greedy requests
-    with `DecodeGraph`), start its batcher.
+    """Load `load.model`, offload it as `cfg` says, start its batcher: the running batch in one static
+    cache (on CUDA with thread control, one captured graph per row count), or `eager`: a growing cache
+    decoded eagerly.
 
     Args mirror `seqmoe serve`'s flags; `chat_template` is a file with a Jinja template;
     `context_length` caps prompt + completion (default: the model's `max_position_embeddings`).
     """
-    cfg = dataclasses.replace(cfg.for_graph() if graph else cfg, record_trace=False)
+    cfg = dataclasses.replace(cfg, record_trace=False)
     template = Path(chat_template).read_text() if chat_template else None
     loaded = load_offloaded(load, cfg, needs="serve needs a tokenizer", progress=progress)
     net, tok, runtime = loaded.model, loaded.tokenizer, loaded.runtime
@@ -62,11 +62,8 @@ def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, 
             limit = min(limit, context_length) if limit else context_length
         if limit is None:
             raise UserError(f"{load.model}'s config has no max_position_embeddings; give --context-length")
-        decode_graph = None
-        if graph:
-            decode_graph = DecodeGraph(runtime, limit)
-        batcher = Batcher(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, graph=decode_graph,
-                        admission=admission)
+        batcher = Batcher(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, static=None if eager else limit,
+                          admission=admission)
     except BaseException:
         runtime.restore()
         raise
@@ -74,7 +71,7 @@ def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, graph: bool = False, 
     sampled = bool(getattr(gc, "do_sample", False))
     s = runtime.stats()
     summary = (f"system {cfg.system}, residency {s['residency']:.4g}: {s['capacity']} of {s['num_layers'] * s['num_experts']} "
-               f"{s['expert_dtype']} experts in slots on {s['device']}, control {s['control']}{', graph' if graph else ''}; "
+               f"{s['expert_dtype']} experts in slots on {s['device']}, control {s['control']}, {batcher.path} decode; "
                f"context {limit}, queue limit {queue_limit}, batch up to {batcher.max_batch}, admission {admission}"
                + (f" ({batcher.batch_note})" if batcher.batch_note and max_batch > 1 else ""))
     return Served(batcher=batcher, runtime=runtime, tokenizer=tok, name=name or Path(str(load.model)).name,
