@@ -131,14 +131,24 @@ def test_seqmoe_tiny_batched_on_the_online_default():
         rt.restore()
 
 
-def test_a_batch_is_refused_where_only_one_sequence_is_served():
+@pytest.mark.parametrize("control", ["inline", "thread"])
+def test_a_batch_routes_cache_aware_each_row_within_its_tokens_budget(control):
+    """Cache-aware routing in a batch: each row of a step spends its own token's KL budget; with no
+    budget the routing is exact."""
     ref = reference("mixtral")
+    full = generate_batch(ref.model)
     model = fresh("mixtral")
-    rt = offload(model, 0.5, "on-demand-lru", train=ref.train, hardware=TEST_HW, routing="cache-aware", max_kl=0.1)
-    with pytest.raises(UserError, match="exact routing"):
-        generate_batch(model)
-    assert torch.equal(generate_batch(model, PROMPTS[:1]), generate_batch(ref.model, PROMPTS[:1]))  # usable at once
-    rt.restore()
+    runs = {}
+    for max_kl in (0.0, 0.5):
+        rt = offload(model, 0.3, "on-demand-lru", train=ref.train, hardware=TEST_HW, routing="cache-aware",
+                     max_kl=max_kl, control=control)
+        try:
+            runs[max_kl] = (generate_batch(model), rt.stats())
+        finally:
+            rt.restore()
+    assert torch.equal(runs[0.0][0], full) and runs[0.0][1]["mean_kl"] == 0
+    s = runs[0.5][1]
+    assert s["substitutions"] > 0 and 0 < s["mean_kl"] <= 0.5
 
 
 @pytest.mark.parametrize("miss", ["cpu", "auto"])

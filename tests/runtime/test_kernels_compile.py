@@ -58,7 +58,7 @@ def test_the_gather_and_mailbox_kernels_compile_for_sm90():
 
 def test_the_cache_aware_routing_kernel_compiles_for_sm90():
     _ptx(rerouting_kernels._build(), "logits:*fp32 weights:*bf16 ids:*i64 assigned:*u8 table:*i32 state:*fp64 "
-         "counts:*fp64 out_w:*bf16 out_ids:*i64 layer:i32 E:i32 K:i32", {"BE": 64, "BK": 8})
+         "counts:*fp64 out_w:*bf16 out_ids:*i64 layer:i32 E:i32 K:i32 B:i32", {"BE": 64, "BK": 8})
 
 
 @pytest.mark.parametrize("mode", [0, 1, 2])

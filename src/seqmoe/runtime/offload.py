@@ -54,7 +54,7 @@ from seqmoe.runtime.core.experts import OffloadedExperts
 from seqmoe.runtime.posted.fence import ReadFence
 from seqmoe.runtime.handle import OffloadRuntime
 from seqmoe.runtime.eager.hooks import install_hooks
-from seqmoe.runtime.posted.mailbox import Mailbox
+from seqmoe.runtime.posted.mailbox import MAX_ROWS, Mailbox
 from seqmoe.runtime.core.pool import ExpertPool
 from seqmoe.runtime.kernels import relay as relay_kernels
 from seqmoe.runtime.eager.pregate import LivePregate
@@ -306,7 +306,8 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
             fc.use_learner(learner)
         routing = None if max_kl is None else CacheAwareRouting(
             max_kl, missing=pool.missing_row, resident=lambda l: pool.table_host[l] >= 0,
-            posted=DeviceCacheRouting(max_kl, pool, K) if plan.control == "thread" and device.type == "cuda" else None)
+            posted=DeviceCacheRouting(max_kl, pool, K, rows=MAX_ROWS) if plan.control == "thread" and device.type == "cuda"
+            else None)
         parts = dict(pregate=plan.pregate, routing=routing, record=cfg.record_trace)
         if plan.control == "thread":
             mailbox = Mailbox(L, K, device, fence)

@@ -33,8 +33,8 @@ def why_one_at_a_time(runtime, cache) -> str | None:
     if runtime is None:
         return None
     c = runtime.controller
-    if c.routing is not None or c.pregate is not None or runtime.twins is not None:
-        return "cache-aware routing, live pre-gating and twins serve one sequence"
+    if c.pregate is not None:
+        return "live pre-gating (seqmoe-hybrid) serves one sequence"
     return None
 
 

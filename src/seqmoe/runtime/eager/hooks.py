@@ -75,9 +75,9 @@ def _check_batch(controller: Controller, batch: int) -> None:
     """UserError when a batch of `batch` rows meets what serves one sequence only."""
     if batch == 1:
         return
-    if controller.pregate is not None or controller.routing is not None:
-        raise UserError(f"a batch of {batch} sequences runs with exact routing and no live pre-gating: drop "
-                        "routing='cache-aware' or the seqmoe-hybrid system, or decode one sequence at a time")
+    if controller.pregate is not None:
+        raise UserError(f"a batch of {batch} sequences runs without live pre-gating: choose a system other than "
+                        "seqmoe-hybrid, or decode one sequence at a time")
 
 
 def _pre_hook(controller: Controller):
