@@ -210,13 +210,13 @@ class SimConfig(ManagerConfig):
             if self.host_policy is not None:
                 raise UserError("--host-policy needs a host cache: give --host-memory or --host-residency")
             return None
-        if self.twin is not None:
-            raise UserError("a disk tier (--host-memory, --host-residency) holds no low-bit twins in host memory: "
-                            "drop --twin")
         if self.host_policy not in (None, *HOST_POLICIES):
             raise UserError(f"--host-policy must be one of {', '.join(HOST_POLICIES)}, got {self.host_policy!r}")
-        model = get_model_profile(self.model_profile).at_precision(self.expert_dtype)
-        return host_rows(self.host_memory, self.host_residency, model, get_hardware_profile(self.hardware))
+        profile = get_model_profile(self.model_profile)
+        model = profile.at_precision(self.expert_dtype)
+        twins = 0 if self.twin is None else profile.num_layers * profile.num_experts * profile.at_precision(
+            self.twin).expert_bytes  # the twins share the host memory
+        return host_rows(self.host_memory, self.host_residency, model, get_hardware_profile(self.hardware), twins)
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -299,8 +299,6 @@ class OffloadConfig(ManagerConfig):
             parse_bytes(self.expert_memory, "expert_memory")
             if self.residency is not None:
                 raise UserError("give a residency or an expert memory budget, not both")
-        if self.host_memory is not None and self.twin is not None:
-            raise UserError("experts streamed from disk (host_memory) run without twins: drop --twin")
         check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
                           replay=self.replay is not None)
         if self.control is not None and self.control not in CONTROLS:

@@ -186,6 +186,35 @@ def test_without_a_host_cache_the_row_has_no_disk_fields():
     assert "host_memory" not in row["config"]  # config hashes of runs without a disk tier stay as they were
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_twins_beside_a_disk_tier_take_their_bytes_from_its_host_memory(batch):
+    """Low-bit twins live in host memory beside the host cache: the cache has the rows its host memory
+    holds after them, misses are served from them without reading the disk, and the reference and
+    compiled managers agree."""
+    from seqmoe.brain.manager.disk_clock import host_rows
+    from seqmoe.brain.manager.miss_paths import Twin
+    from seqmoe.sim.lockstep import lockstep
+    from tests.brain.manager.test_twin import _with_gates
+
+    train, test = make_trace(seed=3), _with_gates(make_trace(seed=4, num_tokens=120), 4)
+    model, hw = tiny_model(test), _hw()
+    twins = test.num_layers * test.num_experts * model.at_precision("int4").expert_bytes
+    budget = 12 * model.expert_bytes + twins
+    rows = host_rows(budget, None, model, hw, twin_bytes=twins)
+    assert rows == 12 == host_rows(budget, None, model, hw) - twins // model.expert_bytes
+    C = capacity_for(0.25, test.num_layers, test.num_experts)
+    start = start_placement(train, C)
+    out = []
+    for compiled in (True, False):
+        system = build_system("on-demand-lru", SystemInputs(train=train, test=test, capacity=C, start=tuple(start)),
+                              "copy", Twin("int4", 1.0))
+        c = simulate(test, system, model=model, hardware=hw, capacity=C, start=start, host_rows=rows,
+                     compiled=compiled, plan=lockstep(test, batch) if batch > 1 else None)
+        out.append({k: v for k, v in summarize(c, expert_bytes=model.expert_bytes).items() if k != "decision_us_per_token"})
+    assert out[0] == out[1]
+    assert out[0]["misses_twin"] > 0 and out[0]["disk_reads"] > 0 and out[0]["twin_weight_per_token"] <= 1.0 + 1e-9
+
+
 def test_host_memory_gives_rows_of_the_stores_precision():
     cfg = _tiny_cfg(host_memory="2MiB")
     assert cfg.host_rows() == (2 << 20) // 76800
@@ -198,7 +227,7 @@ def test_host_memory_gives_rows_of_the_stores_precision():
     (dict(host_memory="1MiB", host_residency=0.5), "not both"),
     (dict(host_residency=1.5), r"\(0, 1\]"),
     (dict(host_memory="1MiB", hardware="user-file-less"), "unknown hardware profile"),
-    (dict(host_memory="1MiB", twin="int4"), "no low-bit twins"),
+    (dict(host_memory="1MiB", twin="int4"), "of them for the low-bit twins"),
     (dict(host_policy="lru"), "needs a host cache"),
     (dict(host_memory="1MiB", host_policy="mru"), "--host-policy must be one of"),
 ])

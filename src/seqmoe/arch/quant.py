@@ -95,9 +95,13 @@ class QuantLayout:
     def pack_rows(self, base_rows: torch.Tensor, out: torch.Tensor) -> None:
         """Quantize `base_rows` [n, P] (experts packed by `base`, e.g. read from a checkpoint) into
         `out` [n, B] uint8: the bytes `pack` gives for the same experts."""
-        views = self.base.views(base_rows)
+        self.pack_views(self.base.views(base_rows), out)
+
+    def pack_views(self, views: dict[str, torch.Tensor], out: torch.Tensor) -> None:
+        """Quantize n experts' parameters `views` ({name: [n, *shape]}, e.g. another layout's `views`)
+        into `out` [n, B] uint8."""
         for part in self.parts:
-            self._write(part, views[part.name].reshape(base_rows.shape[0], -1), out)
+            self._write(part, views[part.name].reshape(out.shape[0], -1), out)
 
     def _write(self, part: _Part, flat: torch.Tensor, out: torch.Tensor) -> None:
         """Part `part` of n experts, `flat` [n, numel], into its bytes of `out` [n, B]."""

@@ -46,7 +46,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
             bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
         host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.brain.manager.disk_clock`; the
-            hardware profile needs a disk; no twins), starting with `start`'s rows; None:
+            hardware profile needs a disk; twins, if any, beside it in host memory), starting with `start`'s rows; None:
             every expert in host memory.
         host_policy: the host cache's policy ("lru" or "forecast"); None: `seqmoe.brain.manager.host_tier.host_policy`.
 
@@ -73,9 +73,6 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
 
 def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
     """The disk tier's clock for `simulate`: H = `rows` host rows holding `start`'s rows at first."""
-    if system.twin is not None:
-        raise UserError("the twin miss path reads low-bit twins from host memory, which a disk tier does not hold: "
-                        "drop --twin")
     tier = HostTier(rows, model.num_layers, model.num_experts, policy=policy or default_host_policy(system),
                     read_s=disk_read_s(model, hardware), start=start)
     return DiskClock(tier, model=model, hardware=hardware)

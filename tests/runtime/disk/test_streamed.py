@@ -179,3 +179,28 @@ def test_posted_steps_wait_for_rows_on_disk_and_a_cut_step_releases_them(checkpo
         assert rt.controller.relay.fallbacks == 0
     finally:
         rt.close()
+
+
+def test_twins_beside_a_disk_tier_compute_the_quantized_model(checkpoints):
+    """Twins read once from the checkpoint, in host memory beside the cache (its rows fewer by their
+    bytes): every miss served by its twin computes what the int4-quantized model computes."""
+    import copy
+
+    from tests.runtime.test_twins import EVERY_MISS, _stepwise
+
+    folder, full, _, _ = checkpoints["qwen3_moe"]
+    want = _stepwise(seqmoe.quantize_experts(copy.deepcopy(full), "int4"))
+    host = _host_bytes(full, 0.6)
+    plain = seqmoe.load(folder, residency=0.2, host_memory=host)[1]
+    rows = plain.stats()["host_rows"]
+    plain.close()
+    model, rt = seqmoe.load(folder, residency=0.2, host_memory=host, miss="copy", twin="int4",
+                            twin_budget=EVERY_MISS, learn=False)
+    try:
+        got = _stepwise(model)
+        s = rt.stats()
+    finally:
+        rt.close()
+    assert (got - want).abs().max().item() <= 1e-4
+    assert s["misses_twin"] == s["misses"] > 0 and s["host_rows"] < rows
+    assert s["host_expert_bytes"] + s["host_twin_bytes"] <= host

@@ -30,10 +30,12 @@ AHEAD_LIMIT = 8
 """Rows the forecast policy may read ahead at one token start (one at a time, the disk idle)."""
 
 
-def host_rows(host_memory, host_residency, model: ModelProfile, hardware: HardwareProfile) -> int | None:
-    """H for `--host-memory` (bytes or a size; rows of the store's `model.expert_bytes`) or
-    `--host-residency` (a fraction of L x E); None with neither (no disk tier). UserError for both,
-    a malformed size, a residency outside (0, 1], a cache smaller than the tier's minimum, or a
+def host_rows(host_memory, host_residency, model: ModelProfile, hardware: HardwareProfile,
+              twin_bytes: int = 0) -> int | None:
+    """H for `--host-memory` (bytes or a size; rows of the store's `model.expert_bytes`, after
+    `twin_bytes` of low-bit twins, which live in the same memory) or `--host-residency` (a fraction
+    of L x E rows; twins beside them); None with neither (no disk tier). UserError for both, a
+    malformed size, a residency outside (0, 1], a cache smaller than the tier's minimum, or a
     hardware profile without a disk."""
     if host_memory is None and host_residency is None:
         return None
@@ -49,7 +51,7 @@ def host_rows(host_memory, host_residency, model: ModelProfile, hardware: Hardwa
             raise UserError(f"--host-residency must be in (0, 1], got {host_residency!r}")
         budget = math.floor(host_residency * L * E + 1e-9) * model.expert_bytes
         what = f"--host-residency {host_residency}"
-    return host_rows_for(budget, model.expert_bytes, L, E, K, what)
+    return host_rows_for(budget, model.expert_bytes, L, E, K, what, twin_bytes if host_memory is not None else 0)
 
 
 class DiskClock:
@@ -200,8 +202,8 @@ class DiskObserver:
             end = clock.need(uid, clock.host_s, starts_layer=False)
             clock.on_host.add(uid)
             clock.host_floor = max(clock.host_floor, end)
-        elif path.twin:
-            raise UserError("the twin miss path reads low-bit twins from host memory, which a disk tier does not hold")
+        elif path.twin:  # its twin is in host memory: nothing to read from disk
+            pass
         else:
             clock.need(uid, clock.copy_s)
         if self.inner is not None:

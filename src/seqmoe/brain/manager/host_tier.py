@@ -218,11 +218,15 @@ class HostTier:
             self.ahead[uid] = False
 
 
-def host_rows_for(budget: int, expert_bytes: int, num_layers: int, num_experts: int, top_k: int, what: str) -> int:
-    """H: the expert rows `budget` bytes of host memory hold (at most L x E); UserError when fewer
-    than two layers' K experts (one layer's being computed while the next one's are read)."""
-    rows = min(budget // expert_bytes, num_layers * num_experts)
+def host_rows_for(budget: int, expert_bytes: int, num_layers: int, num_experts: int, top_k: int, what: str,
+                  reserved: int = 0) -> int:
+    """H: the expert rows `budget` bytes of host memory hold after `reserved` bytes (low-bit twins) (at
+    most L x E); UserError when fewer than two layers' K experts (one layer's being computed while the
+    next one's are read)."""
+    rows = min(max(0, budget - reserved) // expert_bytes, num_layers * num_experts)
     if rows < 2 * top_k:
+        twins = f" ({reserved:,} of them for the low-bit twins)" if reserved else ""
         raise UserError(f"{what} holds {rows} experts of {expert_bytes:,} bytes; the host cache needs at least "
-                        f"{2 * top_k} (two layers' routed experts): give at least {2 * top_k * expert_bytes:,} bytes")
+                        f"{2 * top_k} (two layers' routed experts): give at least {2 * top_k * expert_bytes + reserved:,} "
+                        f"bytes{twins}")
     return int(rows)

@@ -101,6 +101,10 @@ class ExpertFiles:
         return len(self._plans)
 
     @property
+    def num_experts(self) -> int:
+        return len(self._plans[0])
+
+    @property
     def bytes_read(self) -> int:
         """Bytes read from disk since open, all threads together."""
         return sum(f.bytes_read for f in self._files)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from seqmoe.arch.quant import QuantLayout
 from seqmoe.runtime.disk.host_cache import HostCache
 from seqmoe.brain.manager.disk_clock import DiskClock
 from seqmoe.brain.manager.host_tier import HostTier, host_policy, host_rows_for
@@ -80,10 +81,12 @@ def plan_disk(source, cfg, layout, num_layers: int, num_experts: int, top_k: int
         return None
     if cfg.host_memory is None:
         rows = num_layers * num_experts
-    else:
+    else:  # low-bit twins live in the same host memory
+        twins = 0 if cfg.twin is None else num_layers * num_experts * QuantLayout.of(
+            getattr(layout, "base", layout), cfg.twin).expert_bytes
         budget = parse_bytes(cfg.host_memory, "host_memory")
         rows = host_rows_for(budget, layout.expert_bytes, num_layers, num_experts, top_k,
-                             f"host_memory {format_bytes(budget)}")
+                             f"host_memory {format_bytes(budget)}", twins)
     return DiskPlan(source, rows, num_layers, num_experts)
 
 

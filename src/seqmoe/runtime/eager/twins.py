@@ -2,6 +2,7 @@
 `seqmoe.brain.manager.miss_paths.Twin`).
 
     store = TwinStore.pack(originals, QuantLayout.of(base_layout, "int4"), device, undo)
+    store = TwinStore.read(files, QuantLayout.of(base_layout, "int4"), device)   # experts streamed from disk
     rows = store.rows(layer, [3, 5])          # [2, B] on the device, read over the link
 
 Each expert is packed a second time at the twin's precision, from the model's own weights (not
@@ -39,6 +40,21 @@ class TwinStore:
         for x in originals:
             host = torch.empty((int(x.num_experts), layout.numel), dtype=layout.dtype, pin_memory=device.type == "cuda")
             layout.pack(x, host)
+            hosts.append(host)
+        return cls(hosts, layout, device, link_s)
+
+    @classmethod
+    def read(cls, files, layout, device: torch.device, link_s: float | None = None) -> TwinStore:
+        """The twins of every expert of a checkpoint streamed from disk (`files`: its `ExpertFiles`),
+        each expert read once: from its weights as stored (a converted checkpoint's dequantized)."""
+        src = files.layout
+        row = torch.empty(src.numel, dtype=src.dtype)
+        hosts = []
+        for layer in range(files.num_layers):
+            host = torch.empty((files.num_experts, layout.numel), dtype=layout.dtype, pin_memory=device.type == "cuda")
+            for e in range(host.shape[0]):
+                files.read_into(layer, e, row)
+                layout.pack_views(src.views(row[None]), host[e:e + 1])
             hosts.append(host)
         return cls(hosts, layout, device, link_s)
 
