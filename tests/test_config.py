@@ -63,7 +63,8 @@ def test_bad_offload_options_fail_in_one_line_before_anything_loads():
               ("bench-runtime", ["--system", "seqmoe"], "unrecognized arguments: --system"),
               ("generate", ["--prompt", ""], "--prompt is empty"),
               ("generate", ["--graph", "--control", "inline"], "--graph needs --control thread"),
-              ("serve", ["--graph", "--control", "inline"], "--graph needs --control thread")]
+              ("generate", ["--graph", "--eager"], "--graph and --eager"),
+              ("serve", ["--graph"], "unrecognized arguments: --graph")]
     argvs = [[cmd, *COMMANDS[cmd], *flags] for cmd, flags, _ in cases]
     res = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(argvs)], capture_output=True, text=True, timeout=120)
     got = json.loads(res.stdout)
