@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-ROOM_STEP = 16
+ROOM_STEP = 64
 """An eagerly run cache grows and shrinks by this many positions: attention over at most this many
 unused ones, and one copy of the live rows per this many steps (a growing cache copies every step)."""
 
