@@ -303,9 +303,6 @@ class OffloadConfig(ManagerConfig):
                           replay=self.replay is not None)
         if self.control is not None and self.control not in CONTROLS:
             raise UserError(f"control must be one of: {', '.join(CONTROLS)}; got {self.control!r}")
-        if self.twin is not None and self.control == "thread":
-            raise UserError("the twin miss path computes a twin from the routing the host reads: it runs with "
-                            "control='inline' (--control inline)")
         if self.device is not None and not re.fullmatch(r"cpu|cuda(:\d+)?", str(self.device)):
             raise UserError(f"device {self.device!r} is not supported by the runtime; pass cpu, cuda or cuda:N")
         if self.bandwidth is not None and not self.bandwidth > 0:
@@ -323,16 +320,15 @@ class OffloadConfig(ManagerConfig):
 
     def for_graph(self) -> OffloadConfig:
         """This configuration for decoding with `DecodeGraph` (`--graph`), which needs thread control."""
-        if self.control == "inline" or self.twin is not None:
-            raise UserError("--graph needs --control thread" + (", and the twin miss path inline control" if self.twin
-                                                                 else ""))
+        if self.control == "inline":
+            raise UserError("--graph needs --control thread")
         return dataclasses.replace(self, control="thread")
 
     def control_on(self, device_type: str) -> str:
         """Where the control plane runs on a device of `device_type`: on its own thread on CUDA (posted,
-        capturable steps), inline on the CPU, and for what reads the routing on the host as the step
-        runs (the twin miss path, live pre-gating)."""
-        posted = device_type == "cuda" and self.twin is None and not system_spec(self.system).needs_pregate
+        capturable steps), inline on the CPU and for live pre-gating (it reads the hidden states on the
+        host as the step runs)."""
+        posted = device_type == "cuda" and not system_spec(self.system).needs_pregate
         return self.control or ("thread" if posted else "inline")
 
     def miss_with(self, control: str) -> str:

@@ -35,13 +35,15 @@ def _stepwise(model, ids=LOGITS_INPUT) -> torch.Tensor:
     return got[0] if ids.ndim == 1 else got
 
 
+@pytest.mark.parametrize("control", ["inline", "thread"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_a_position_whose_every_miss_reads_its_twin_computes_the_quantized_model(arch):
+def test_a_position_whose_every_miss_reads_its_twin_computes_the_quantized_model(arch, control):
     """No start placement and no copy (every miss goes to its twin): each decode step computes all
-    its experts from int4 twins, which is what the int4-quantized full model computes."""
+    its experts from int4 twins, which is what the int4-quantized full model computes. On the posted
+    engine the decision comes through the host relay and the twin rows are read on the device."""
     want = _stepwise(quantize_experts(fresh(arch), "int4"))
     model = fresh(arch)
-    rt = offload(model, 0.3, "on-demand-lru", miss="copy", twin="int4", twin_budget=EVERY_MISS)
+    rt = offload(model, 0.3, "on-demand-lru", miss="copy", twin="int4", twin_budget=EVERY_MISS, control=control)
     got = _stepwise(model)
     s = rt.stats()
     rt.restore()
@@ -50,14 +52,15 @@ def test_a_position_whose_every_miss_reads_its_twin_computes_the_quantized_model
     assert torch.equal(greedy(model), reference(arch).tokens)  # restore gives the model back whole
 
 
-def test_a_batch_step_reads_the_twins_of_its_rows_misses():
+@pytest.mark.parametrize("control", ["inline", "thread"])
+def test_a_batch_step_reads_the_twins_of_its_rows_misses(control):
     """Three rows decoded together, every miss to its twin: each row's logits are the int4-quantized
     model's, and a twin two rows need is read once."""
     one = torch.as_tensor(LOGITS_INPUT)
     ids = torch.stack([one, one.flip(0), (one * 7) % 100])
     want = _stepwise(quantize_experts(fresh("mixtral"), "int4"), ids)
     model = fresh("mixtral")
-    rt = offload(model, 0.3, "on-demand-lru", miss="copy", twin="int4", twin_budget=EVERY_MISS)
+    rt = offload(model, 0.3, "on-demand-lru", miss="copy", twin="int4", twin_budget=EVERY_MISS, control=control)
     got = _stepwise(model, ids)
     s = rt.stats()
     rt.restore()
@@ -92,8 +95,7 @@ def test_the_twins_serve_the_misses_the_manager_gave_them_within_the_budget():
 
 def test_bad_twins_are_user_errors_and_change_nothing():
     model = fresh("olmoe")
-    for options, says in (({"twin": "int4", "control": "thread"}, "control='inline'"),
-                          ({"twin": "int4", "expert_dtype": "int4"}, "not smaller"),
+    for options, says in (({"twin": "int4", "expert_dtype": "int4"}, "not smaller"),
                           ({"twin_budget": 0.5}, "give its precision")):
         with pytest.raises(UserError, match=says):
             offload(model, 0.3, "on-demand-lru", **options)

@@ -146,7 +146,7 @@ class OffloadRuntime:
             "expert_dtype": self.expert_dtype, "expert_bytes": eb, "device_expert_bytes": pool.device_bytes, "device_expert_bytes_limit": self.capacity * eb,
             "host_expert_bytes": pool.host_bytes,
             "twin": None if self.twins is None else self.twins.layout.precision,
-            "twin_reads": 0 if self.twins is None else self.twins.reads,
+            "twin_reads": 0 if self.twins is None else self.twins.reads + self.twins.posted_reads,
             "host_twin_bytes": 0 if self.twins is None else self.twins.host_bytes,
             "forecaster": forecaster_stats(self.controller.system.predictor),
             "host_us_per_token": per_token(self.host_s),

@@ -314,10 +314,10 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         parts = dict(pregate=plan.pregate, routing=routing, record=cfg.record_trace)
         if plan.control == "thread":
             mailbox = Mailbox(L, K, device, fence)
-            relay = None if host is None and plan.disk is None else HostRelay(
+            relay = None if host is None and plan.disk is None and twins is None else HostRelay(
                 mailbox, model.config.hidden_size, layout.compute_dtype, host, [HostExecutor.clone(x) for x in originals],
                 layout, hosts, control_failed=lambda: controller.thread.stopped, device=device,
-                disk=None if plan.disk is None else (plan.disk.cache, pool.table_host))
+                disk=None if plan.disk is None else (plan.disk.cache, pool.table_host), twins=twins is not None)
             controller = PostedController(plan.system, L, E, K, plan.meta, fence=fence, mailbox=mailbox, relay=relay,
                                           **parts)
             undo.push(controller.thread.close)

@@ -93,8 +93,8 @@ def test_host_memory_without_a_checkpoint_and_too_small_are_refused(checkpoints,
     with pytest.raises(UserError, match="expert_memory"):
         seqmoe.load(folder, expert_memory="1KiB", host_memory="1MiB")
     monkeypatch.undo()
-    with pytest.raises(UserError, match="without twins"):
-        seqmoe.load(folder, residency=0.3, host_memory="1MiB", twin="int4")
+    with pytest.raises(UserError, match="for the low-bit twins"):  # they share the host memory
+        seqmoe.load(folder, residency=0.3, host_memory=_host_bytes(full, 0.2), twin="int4")
 
 
 def test_restore_is_refused_and_a_closed_runtime_says_so(checkpoints):

@@ -64,6 +64,7 @@ class OffloadedExperts(torch.nn.Module):
         object.__setattr__(self, "front", ExpertFront(original, layer, layout, pool, self.counts))
         object.__setattr__(self, "skip", None)  # [K] bool during a relayed call: positions the host computes
         object.__setattr__(self, "host_rows", None)  # [B x K] during a relayed call with a disk tier: host-cache rows
+        object.__setattr__(self, "twin_part", None)  # during a relayed call: ([B x K] twin positions, routed weights)
         self._sig = inspect.signature(original.forward)
         self._index_name = list(self._sig.parameters)[1]
         self.posted_forward = type(original).forward

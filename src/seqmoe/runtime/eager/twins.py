@@ -13,6 +13,7 @@ their twin rows (`eager.experts`) and every other routed expert as usual, and ad
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -61,6 +62,39 @@ class TwinStore:
     @property
     def host_bytes(self) -> int:
         return sum(h.numel() * h.element_size() for h in self.hosts)
+
+    def gather_posted_params(self, layer: int, ids: torch.Tensor, take: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The twins' parameters at the routed positions `ids` [n] (device) where `take` [n] bool, zeros
+        elsewhere: read from the mapped twin rows on the device, no host value read (a posted step).
+        Reads are counted on the device (`device_reads`)."""
+        from seqmoe.runtime.core.mapped import dequantizes, device_view, gather_dequantized, gather_rows
+
+        n, dev = ids.shape[0], self.device
+        if getattr(self, "_mapped", None) is None:
+            self._mapped = [device_view(h, dev) for h in self.hosts]
+            self._no_slots = torch.full((self.hosts[0].shape[0],), -1, dtype=torch.int32, device=dev)
+            self.device_reads = torch.zeros(2, dtype=torch.int64, device=dev)
+            self._bufs: dict[int, tuple] = {}
+        if n not in self._bufs:
+            out = torch.empty((n, self.layout.numel), dtype=self.layout.dtype, device=dev)
+            deq = {p.name: torch.empty((n, math.prod(p.shape)), dtype=self.layout.compute_dtype, device=dev)
+                   for p in self.layout.parts}
+            self._bufs[n] = (out, deq, torch.empty((n,), dtype=torch.int32, device=dev))
+        out, deq, slots = self._bufs[n]
+        skip = ~take
+        if dequantizes(self.layout, dev):
+            return gather_dequantized(out, self._mapped[layer], self._no_slots, ids, self.layout, deq,
+                                      self.device_reads, slots, skip)
+        rows = gather_rows(out, self._mapped[layer], self._no_slots, ids, out, self.device_reads, slots, skip)
+        if self.link_s:  # a CPU run's emulated link: each twin read costs its time
+            time.sleep(int(take.sum()) * self.link_s)
+        return self.layout.views(rows)
+
+    @property
+    def posted_reads(self) -> int:
+        """Twin rows posted steps read on the device."""
+        reads = getattr(self, "device_reads", None)
+        return 0 if reads is None else int(reads[1])
 
     def rows(self, layer: int, ids: list[int]) -> torch.Tensor:
         """[n, B] twin rows of experts `ids` of `layer`, on the device."""

@@ -3,7 +3,7 @@ the host path reads no host value and stays capturable as a graph.
 
     side = RelayKernels(relay, device)              # needs triton (on the CPU: TRITON_INTERPRET=1)
     side.post(layer, x, index, weights)             # the call's inputs to the mapped rings, then the flag
-    weights, skip, rows = side.keep(layer, index, weights)  # waits for the decision; host positions get weight 0
+    weights, flags, rows = side.keep(layer, index, weights)  # waits for the decision; host positions get weight 0
     out = side.add(layer, out)                      # waits for the host's sum and adds it, in place
 
 Each kernel finds its ring slot from the mailbox's device count of posts (the layer's router has
@@ -66,8 +66,8 @@ class RelayKernels:
 
     def keep(self, layer: int, index: torch.Tensor,
              weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """(weights with the host's positions at 0, [B x K] bool skip: the positions the host computes,
-        [B x K] host-cache rows with a disk tier or None)."""
+        """(weights with the host's and the twins' positions at 0, [B x K] int8 flags: 1 where the host
+        computes, 2 where a twin serves, 0 elsewhere, [B x K] host-cache rows with a disk tier or None)."""
         r, n = self.relay, index.numel()
         kept = self._kept.get((weights.dtype, n))
         if kept is None:
@@ -77,7 +77,7 @@ class RelayKernels:
                              layer, r.L, r.R, self.on_host.shape[1], n, self.keep_spins, BK=self.BK,
                              HAS_ROWS=r.hrow is not None)
         rows = self.hids[:n] if r.hrow is not None else None
-        return kept.view(weights.shape), self.skip[:n].view(torch.bool), rows
+        return kept.view(weights.shape), self.skip[:n], rows
 
     def add(self, layer: int, out: torch.Tensor) -> torch.Tensor:
         """`out` [B, H] plus the host's sum (in place), unless the step fell back to computing all."""

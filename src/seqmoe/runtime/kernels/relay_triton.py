@@ -52,14 +52,15 @@ def keep(index, weights, posts, on_host, dseq, status, kept, skip, fell, hrow, h
     k = tl.arange(0, BK)
     mk = k < K
     e = tl.load(index + k, mask=mk, other=0).to(tl.int64)
-    h = (tl.load(on_host + at * E + e, mask=mk, other=0, volatile=True) * ok.to(tl.uint8)) != 0  # 0: not ok
+    flag = tl.load(on_host + at * E + e, mask=mk, other=0, volatile=True) * ok.to(tl.uint8)  # 0: not ok
+    h = flag != 0  # the host CPU (1) or a twin (2) serves it
     w = tl.load(weights + k, mask=mk)
     if HAS_ROWS:
         r = tl.load(hrow + at * E + e, mask=mk, other=0, volatile=True)
         tl.store(hids + k, tl.maximum(r, 0).to(tl.int64), mask=mk)
         w = tl.where(ok, w, float("nan"))
     tl.store(kept + k, tl.where(h, 0.0, w), mask=mk)
-    tl.store(skip + k, h.to(tl.int8), mask=mk)
+    tl.store(skip + k, flag.to(tl.int8), mask=mk)
     tl.store(fell, 1 - ok.to(tl.int32))
     if not ok:
         if HAS_ROWS:

@@ -25,16 +25,18 @@ def posted_forward(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Ten
     if relay is None or not relay.active or len(args) != 2 or kwargs:
         return _step(x, hidden_states, *args, **kwargs)
     t0 = time.perf_counter()
-    index, weights = args
-    weights, skip, rows = relay.enter(x.layer, hidden_states, index, weights)
+    index, routed_weights = args
+    weights, skip, rows, twins = relay.enter(x.layer, hidden_states, index, routed_weights)
     object.__setattr__(x, "skip", skip)
     object.__setattr__(x, "host_rows", rows)
+    object.__setattr__(x, "twin_part", None if twins is None else (twins, routed_weights))
     t1 = time.perf_counter()
     try:
         out = _step(x, hidden_states, index, weights)
     finally:
         object.__setattr__(x, "skip", None)
         object.__setattr__(x, "host_rows", None)
+        object.__setattr__(x, "twin_part", None)
     t2 = time.perf_counter()
     out = relay.leave(x.layer, out)
     x.counts.host_s += (t1 - t0) + (time.perf_counter() - t2)
@@ -56,7 +58,20 @@ def _step(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     args, kwargs = x.with_index(args, kwargs, bound, new_index)
     t1 = time.perf_counter()
     out = x.compute(params, n, hidden_states, args, kwargs, forward=x.posted_forward if posted else None)
+    if x.twin_part is not None:  # the positions the relay gave to twins: their rows read, computed here
+        out = out + _twins(x, hidden_states, index)
     t2 = time.perf_counter()
     x.done(x.layer)
     x.counts.host_s += (t1 - t0) + (time.perf_counter() - t2)
     return out
+
+
+def _twins(x, hidden_states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """The share of the positions served by twins: each twin row read once on the device, the others
+    at weight 0 on zero rows (as the host relay's positions in the main call)."""
+    take, weights = x.twin_part
+    new_index, again = x.posted_index(index)
+    first = take if again is None else take & ~again
+    params = x.twins.gather_posted_params(x.layer, index.reshape(-1), first)
+    w = torch.where(take.view(weights.shape), weights, 0)
+    return x.compute(params, index.numel(), hidden_states, (new_index, w), {}, forward=x.posted_forward)

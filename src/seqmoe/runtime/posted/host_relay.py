@@ -76,10 +76,11 @@ class HostRelay:
         control_failed: true once the control thread has stopped or failed (the step's waits give up).
         device: where the step runs (on CUDA the rings are pinned and the step's side is `kernels.relay`).
         disk: (the host cache, the pool's host slot table) with a disk tier, else None.
+        twins: the twin miss path is on (a decision may give experts to their twins).
     """
 
     def __init__(self, mailbox, hidden_size: int, dtype: torch.dtype, executor, clones, layout, hosts,
-                 control_failed, device: torch.device = torch.device("cpu"), disk=None) -> None:
+                 control_failed, device: torch.device = torch.device("cpu"), disk=None, twins: bool = False) -> None:
         self.box, self.executor, self.clones, self.layout, self.hosts = mailbox, executor, clones, layout, hosts
         self.L, self.K, self.R, self.rows, self.H, self.device = mailbox.L, mailbox.K, RING, mailbox.rows, \
             hidden_size, device
@@ -89,7 +90,8 @@ class HostRelay:
         self.index = ring((n, self.rows * self.K), torch.int64)
         self.weights = ring((n, self.rows * self.K), torch.float64)  # holds any routing dtype exactly
         self.E = hosts[0].shape[0]
-        self.on_host = ring((n, self.E), torch.uint8)  # [E] per slot: 1 where the host computes
+        self.on_host = ring((n, self.E), torch.uint8)  # [E] per slot: 1 where the host computes, 2 a twin
+        self.twins = twins
         self.cache, self._table = disk if disk is not None else (None, None)
         self.hrow = ring((n, self.E), torch.int32, -1) if disk is not None else None  # [E] per slot: host-cache rows
         self._hrow_np = self.hrow.numpy() if disk is not None else None
@@ -122,18 +124,20 @@ class HostRelay:
 
     # -- the step's side (model thread) -------------------------------------------------------------
     def enter(self, layer: int, x: torch.Tensor, index: torch.Tensor,
-              weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+              weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """Post the experts call of `layer` in the running step ([B, H] hidden states, [B, K] routed
         ids and weights) and wait for the decision: (the weights with the host's positions at 0,
-        [B x K] bool: the positions the host computes, whose rows the step need not read, [B x K]
-        the host-cache row of each position's expert with a disk tier, else None)."""
+        [B x K] bool: the positions the host or a twin serves, whose rows the step need not read, [B x K]
+        the host-cache row of each position's expert with a disk tier, else None, [B x K] bool: the
+        positions twins serve with the twin path, else None)."""
         if x.dtype != self.x.dtype:  # the host must compute from exactly the call's numbers
             raise UserError(f"hidden states in {x.dtype} but experts in {self.x.dtype}: the host path of a posted "
                             "step needs one dtype; load the model in one dtype, or use control='inline'")
         self._weights_dtype = weights.dtype
         if self.kernels is not None:
             self.kernels.post(layer, x, index, weights)
-            return self.kernels.keep(layer, index, weights)
+            kept, flags, rows = self.kernels.keep(layer, index, weights)
+            return kept, flags != 0, rows, (flags == 2) if self.twins else None
         step = (int(self.box.posts.item()) - 1) // self.L  # the router of `layer` has posted already
         at, b = (step % self.R) * self.L + layer, index.shape[0]
         self.x[at, :x.numel()].copy_(x.reshape(-1))
@@ -142,9 +146,10 @@ class HostRelay:
         self.xseq[at] = step  # after the data
         self._open = (at, step, b)
         self._wait(self.dseq, at, step)
-        keep = self.on_host[at][index] == 0
+        flags = self.on_host[at][index]
+        keep = flags == 0
         rows = None if self.hrow is None else self.hrow[at][index].reshape(-1).long()
-        return torch.where(keep, weights, 0), ~keep.view(-1), rows
+        return torch.where(keep, weights, 0), ~keep.view(-1), rows, (flags == 2).view(-1) if self.twins else None
 
     def leave(self, layer: int, out: torch.Tensor) -> torch.Tensor:
         """`out` plus the host's summed output of the call `enter` posted (waits for it)."""
@@ -184,15 +189,18 @@ class HostRelay:
                                "model again") from self.error
 
     # -- the control thread's side --------------------------------------------------------------------
-    def decide(self, step: int, layer: int, host_ids: list[int], rows: int = 1, routed: np.ndarray | None = None) -> None:
-        """The state machine sent experts `host_ids` of `layer` to the host CPU for `step` (of `rows` rows);
-        `routed`: the layer's routed ids (a disk tier holds the rows the step reads in place)."""
+    def decide(self, step: int, layer: int, host_ids: list[int], rows: int = 1, routed: np.ndarray | None = None,
+               twin_ids: list[int] = ()) -> None:
+        """The state machine sent experts `host_ids` of `layer` to the host CPU and `twin_ids` to their
+        twins for `step` (of `rows` rows); `routed`: the layer's routed ids (a disk tier holds the rows
+        the step reads in place)."""
         at = (step % self.R) * self.L + layer
         if self.cache is not None:
-            self._hold_rows(at, layer, routed, host_ids)
+            self._hold_rows(at, layer, routed, list(host_ids) + list(twin_ids))
         row = self._on_host_np[at]
         row[:] = 0
         row[host_ids] = 1
+        row[list(twin_ids)] = 2
         if not host_ids:
             self.out[at, :rows * self.H].zero_()
         _store_fence()
@@ -204,8 +212,8 @@ class HostRelay:
 
     def _hold_rows(self, at: int, layer: int, routed: np.ndarray, host_ids: list[int]) -> None:
         """Pin the host-cache row of each routed expert of `layer` without a published slot and not
-        computed on the host, and write the rows for the step (the previous decision's are released:
-        the step that read them has posted since)."""
+        served off the device's read (`host_ids`: the host CPU's and the twins'), and write the rows for
+        the step (the previous decision's are released: the step that read them has posted since)."""
         self.release_rows()
         hrow, base = self._hrow_np[at], layer * self.E
         hrow[:] = -1

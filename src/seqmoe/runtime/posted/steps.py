@@ -111,13 +111,15 @@ class PostedController(Controller):
         step_ids, step_w, toks = self._step
         step_ids[:, layer], step_w[:, layer] = ids, weights
         self._on_host.clear()
+        self._twins.clear()
         if b == 1:
-            self.driver.reveal(layer, step_ids[0, layer])
+            self.driver.reveal(layer, step_ids[0, layer], weights=step_w[0, layer])
         else:
-            self.driver.reveal(layer, step_ids[:, layer])
+            self.driver.reveal(layer, step_ids[:, layer], weights=step_w[:, layer])
         if self.relay is not None:
             base = layer * self.E
-            self.relay.decide(step, layer, sorted(u - base for u in self._on_host), b, ids)
+            self.relay.decide(step, layer, sorted(u - base for u in self._on_host), b, ids,
+                              sorted(u - base for u in self._twins))
         self._layer_end(layer)
         if layer == self.L - 1:
             self._keep(step_ids[:, None], step_w[:, None], [[t] for t in toks])
