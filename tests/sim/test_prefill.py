@@ -148,8 +148,12 @@ def test_run_one_adds_prefill_without_changing_the_replay(tmp_path):
         assert p["prompts"] == len(prompt_starts(test.request_offsets, test.num_tokens, P))
         assert p["full_load_ttft_s"] <= p["bound_ttft_s"] <= p["ttft_s"] <= p["cold_ttft_s"]
         assert 0 < p["resident_share"] < 1
-    with pytest.raises(UserError, match="batch-1"):
-        run_one(w, dataclasses.replace(cfg, batch=2), prompt_lengths=(16,))
+    batch = dataclasses.replace(cfg, batch=2)  # priced from the pool at the step where each request starts
+    bplain, brow = run_one(w, batch), run_one(w, batch, prompt_lengths=(16,))
+    assert all(brow[k] == bplain[k] for k in ("time_s", "ready", "late", "misses", "copies", "misses_cpu"))
+    p = brow["prefill"]["16"]
+    assert p["prompts"] == row["prefill"]["16"]["prompts"]
+    assert p["full_load_ttft_s"] <= p["bound_ttft_s"] <= p["ttft_s"] <= p["cold_ttft_s"]
     save_trace(test, tmp_path / "test.safetensors")
     save_trace(train, tmp_path / "train.safetensors")
     args = ["sim", "--trace", str(tmp_path / "test.safetensors"), "--train", str(tmp_path / "train.safetensors"),
@@ -178,5 +182,5 @@ def test_a_sweep_prices_prompts_in_each_row(tmp_path):
     assert main(["sim", *args[1:9], "--residency", "0.5", "--system", "belady", "--prompt-lengths", "16,64",
                  "--out", str(single), "--no-progress"]) == 0
     assert rows[3]["prefill"] == json.loads(single.read_text())["prefill"]
-    assert main(args[:-3] + ["--batch", "2", "--out", str(out), "--no-progress"]) == 1  # runs fail, each says why
-    assert all("batch-1" in json.loads(line)["error"] for line in out.read_text().splitlines())
+    assert main(args[:-3] + ["--twin", "int4", "--out", str(out), "--no-progress"]) == 1  # runs fail, each says why
+    assert all("gate weights" in json.loads(line)["error"] for line in out.read_text().splitlines())

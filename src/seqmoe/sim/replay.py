@@ -44,7 +44,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
             first step boundary at or after each multiple of it).
         plan: decode the requests B at a time in lockstep (`seqmoe.sim.lockstep`); None: batch 1.
         pools: token offsets (its keys) at whose start the replay records the readable pool ([L * E]
-            bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batch 1).
+            bool: resident, copy done) into it, before the token starts (`seqmoe.sim.prefill`; batched:
+            before the step where that request starts).
         host_rows: H, a host cache of H expert rows in front of the disk (`seqmoe.brain.manager.disk_clock`; the
             hardware profile needs a disk; twins, if any, beside it in host memory), starting with `start`'s rows; None:
             every expert in host memory.
@@ -82,9 +83,7 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
     """`simulate`'s replay on `driver`."""
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     if plan is not None and plan.batch > 1:
-        if pools:
-            raise UserError("a batched replay replays no prompts")
-        return _simulate_batched(trace, driver, plan, progress, system.name, window_tokens, routing, gates)
+        return _simulate_batched(trace, driver, plan, progress, system.name, window_tokens, routing, gates, pools)
     L, K = trace.num_layers, trace.top_k
     flat = trace.uids().reshape(-1, K).astype(np.int64)  # [T * L, K]
     if not driver.manager.takes_arrays:
@@ -121,7 +120,7 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
 
 def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progress: bool, name: str,
                       window_tokens: int | None = None, routing: CacheAwareRouting | None = None,
-                      gates: np.ndarray | None = None) -> SimCounts:
+                      gates: np.ndarray | None = None, pools: dict | None = None) -> SimCounts:
     """`simulate` over the steps of `plan`: each lane's token, every layer's [B, K] routing at once (after
     the cache-aware `routing`, each row within its own token's budget); a window opens at the first
     step boundary at or after each multiple of `window_tokens` tokens decoded."""
@@ -135,6 +134,10 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
             edge = (driver.rows // window_tokens + 1) * window_tokens
         lanes = np.flatnonzero(plan.rows[s] >= 0)
         rows = plan.rows[s, lanes]
+        if pools is not None:  # a request starting here is priced from the pool at the step's start
+            for t in rows[plan.new[s, lanes]].tolist():
+                if t in pools:
+                    pools[t] = np.array(driver.manager.readable_mask(driver.clock), dtype=bool)
         driver.step_start([tokens[t] for t in rows] if tokens is not None else [None] * len(rows),
                           plan.new[s, lanes].tolist(), lanes.tolist())
         step_ids = ids[rows]  # [B, L, K]

@@ -88,11 +88,9 @@ def host_info() -> dict:
 def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengths=()) -> dict:
     """Replay `w.test` with `cfg.system` at `cfg.residency`; the result row as a dict. `prompt_lengths`:
     also the time to first token of prompts of these lengths from the pool at each request start
-    (`seqmoe.sim.prefill`; batch 1), in the row's `prefill`."""
+    (`seqmoe.sim.prefill`; in a batch, at the step where the request starts), in the row's `prefill`."""
     test, model = w.test, w.model.at_precision(cfg.expert_dtype)
     lengths = check_prompt_lengths(prompt_lengths, test.num_tokens)
-    if lengths and (cfg.batch > 1 or cfg.twin is not None):
-        raise UserError("--prompt-lengths prices prompts from a batch-1 replay without twins: drop --batch or --twin")
     costs = prefill_costs(model, w.hardware) if lengths else None
     pools = {int(s): None for n in lengths for s in prompt_starts(test.request_offsets, test.num_tokens, n)}
     L, E, K = test.num_layers, test.num_experts, test.top_k
