@@ -18,7 +18,10 @@
 # CUDA (captured steps, int8/int4 through the dequantizing gather, against the quantized full model) and
 # generate with a byte budget per precision.
 # Experts streamed from disk of issue 29 (DISK=1 CHECKS=0 CPU_SUITE=0, under a minute, no carry): generate on CUDA
-# with a host cache of 40 of seqmoe-tiny's 256 experts, inline control (the only one the disk tier runs).
+# with a host cache of 40 of seqmoe-tiny's 256 experts.
+# Every configuration composing, issue 40 (COMPOSE=1 CHECKS=0 CPU_SUITE=0, about 3 minutes, no carry): the captured
+# step with a disk tier, int4 experts and 4 rows against the quantized full model; the server's static cache captured
+# per row count; generate with a disk tier and int4, captured (the default) against --eager.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-results/device}
@@ -77,6 +80,16 @@ PRED=results/carry/predictor
     for S in on-demand-lru seqmoe; do
       timeout 60 python3 -m seqmoe generate --model seqmoe-tiny --device cuda --residency 0.25 --host-memory 6MiB \
           --system $S --prompt "def parse_args(argv):" --max-new-tokens 64 2>&1 | tail -6
+    done
+  fi
+  if [ "${COMPOSE:-0}" = 1 ]; then
+    echo "== issue 40: the captured path with a disk tier, int4 and a batch of 4; the server's captured static cache"
+    timeout 200 python3 -m pytest -q -m gpu tests/runtime/disk tests/serve/test_static.py tests/runtime/test_twins.py \
+        -p no:cacheprovider -rfs --tb=long -W ignore::FutureWarning
+    for D in graph eager; do  # generate captures by default on CUDA; --eager opts out
+      timeout 60 python3 -m seqmoe generate --model seqmoe-tiny --device cuda --residency 0.25 --host-memory 6MiB \
+          --expert-dtype int4 --prompt "def parse_args(argv):" --max-new-tokens 64 $([ $D = eager ] && echo --eager) \
+          2>&1 | grep "tokens in"
     done
   fi
   if [ "${CPU_SUITE:-1}" = 1 ]; then

@@ -204,3 +204,33 @@ def test_twins_beside_a_disk_tier_compute_the_quantized_model(checkpoints):
     assert (got - want).abs().max().item() <= 1e-4
     assert s["misses_twin"] == s["misses"] > 0 and s["host_rows"] < rows
     assert s["host_expert_bytes"] + s["host_twin_bytes"] <= host
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_captured_batch_of_int4_experts_streamed_from_disk_on_cuda(checkpoints):
+    """The combination issue 40 names: a disk tier, int4 experts, thread control, a captured step of
+    4 left-padded rows; each row's tokens are the int4-quantized full model's (batched_mm: grouped_mm
+    in fp32 cannot be captured)."""
+    import copy
+
+    from seqmoe.runtime import DecodeGraph
+    from tests.runtime.test_matrix import GEN, MASK, PROMPTS
+
+    folder, full, _, _ = checkpoints["mixtral"]
+    ids = torch.cat([PROMPTS, PROMPTS[:1]]).cuda()
+    mask = torch.cat([MASK, MASK[:1]]).cuda()
+    ref = seqmoe.quantize_experts(copy.deepcopy(full), "int4").cuda()
+    ref.config._experts_implementation = "batched_mm"
+    want = ref.generate(ids, attention_mask=mask, **GEN)
+    model, rt = seqmoe.load(folder, residency=0.3, host_memory=_host_bytes(full, 0.3), expert_dtype="int4",
+                            control="thread", device="cuda", learn=False)
+    model.config._experts_implementation = "batched_mm"
+    try:
+        dg = DecodeGraph(rt, 32)
+        got = dg.generate(ids, GEN["max_new_tokens"], attention_mask=mask)
+        assert dg.graph is not None and rt.controller.relay.fallbacks == 0
+        assert rt.stats()["disk_reads"] > 0
+    finally:
+        rt.close()
+    assert torch.equal(got, want)
