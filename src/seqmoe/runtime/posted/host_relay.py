@@ -3,22 +3,26 @@ manager sends to the host CPU are computed there while the step computes the oth
 reads no host value to learn which or to get their output.
 
     # the step (model thread), in a posting forward's experts call of `layer`:
-    weights, skip, rows = relay.enter(layer, x, index, weights)  # post the call's B rows, wait for the decision:
+    weights, skip, rows, twins = relay.enter(layer, x, index, weights)  # post, wait for the decision:
     out = relay.leave(layer, device_part(x, index, weights))  # the host's positions at weight 0; add its sum
     # the control thread, after the state machine's reveal of (step, layer):
     relay.decide(step, layer, host_ids)
 
 Three rings of (mapped) host memory, `RING` steps x L layers, each slot wide enough for the
 mailbox's most rows (a batched step posts its B rows; the control thread learns B from the
-mailbox) and holding the number of the step it holds, written after its data (stream order on a device, program order
-on the host), so a reader that sees the step's number sees its data: the experts call's inputs
-(hidden state, routed ids and weights, posted by the step before it waits for anything: the host
-computes from exactly what the call got), the decision (which of the layer's E experts the host
-computes, for every row: each such expert runs once on the rows routed to it), and the host's
-summed output (zeros, flagged with the decision, when the host computes none). A few steps suffice:
+mailbox) and holding the number of the step it holds, written after its data (stream order on a
+device, program order on the host), so a reader that sees the step's number sees its data: the
+experts call's inputs (hidden states, routed ids and weights, posted by the step before it waits
+for anything: the host computes from exactly what the call got), the decision (which of the
+layer's E experts the host computes, for every row: each such expert runs once on the rows routed
+to it), and the host's summed output (zeros, flagged with the decision, when the host computes
+none). A few steps suffice:
 a step waits in every layer for the control thread's decision, so the model thread is never more
-than one step ahead of the relay's reader, and the one host worker runs jobs in order. The host's positions get weight 0 in the step's own experts call, and the gather reads
-zeros for them instead of their rows (an exact 0 is added, and no row crosses the link).
+than one step ahead of the relay's reader, and the one host worker runs jobs in order. The host's
+positions get weight 0 in the step's own experts call, and the gather reads zeros for them instead
+of their rows (an exact 0 is added, and no row crosses the link). The decision also carries the
+experts the twin miss path gives to their low-bit twins (flag 2), which the step computes from
+their twin rows (`posted.experts`).
 
 The host worker (`HostExecutor`'s one thread) waits for the hidden state of each job; a job whose
 step ended without posting it (an error or Ctrl-C mid-step) gives up once the model thread closes
