@@ -120,6 +120,9 @@ class StaticBatch:
         """Hold `cap` positions, every live row's positions moved `by` (> 0: right); in place when
         `cap` stays (a captured step's buffers keep their addresses)."""
         b, lo = self.live, min(self.starts[:self.live], default=self.pos)
+        if cap != self.full.layers[0].keys.shape[2]:
+            self.views.clear()  # new buffers: the views (and a captured graph's addresses) are of the old
+            self.graphs.clear()
         for layer in self.full.layers:
             for name in ("keys", "values"):
                 old = getattr(layer, name)
@@ -133,8 +136,6 @@ class StaticBatch:
         self.mask[:b, lo + by:self.pos + by] = part
         self.starts[:b] = [s + by for s in self.starts[:b]]
         self.pos, self.cap = self.pos + by, cap
-        if cap != self.cap or not self.capture:
-            self.views.clear()
 
     # -- a decode step -------------------------------------------------------------------------------
     def step(self, forward, ids: torch.Tensor) -> torch.Tensor:
