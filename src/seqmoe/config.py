@@ -182,10 +182,6 @@ class SimConfig(ManagerConfig):
         check_batch(self.batch)
         if self.admission not in ADMISSIONS:
             raise UserError(f"--admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
-        if self.batch > 1:
-            if system_spec(self.system).needs_pregate:
-                raise UserError(f"system {self.system!r} reads the trace's pre-gate scores by position: it replays "
-                                "batch 1 only")
         if self.memory is not None:
             parse_bytes(self.memory, "--memory")
         self.host_rows()

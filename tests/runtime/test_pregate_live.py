@@ -41,9 +41,9 @@ def _run(system, predictor=None):
     rt = offload(model, 0.3, system, train=_train(), predictor=predictor, hardware=TEST_HW, miss="copy")
     seen = {}
     pred = rt.controller.system.predictor
-    reader = getattr(pred, "pregate", pred)  # the PregatePredictor, alone or inside the hybrid
-    row = reader._row
-    reader._row = lambda step: seen.setdefault(step, row(step))
+    source = pred.pregate_source  # the live rows, read by the PregatePredictor alone or inside the hybrid
+    row = source.row
+    source.row = lambda step, i=0: seen.setdefault(step, row(step, i))
     try:
         assert torch.equal(greedy(model), reference(ARCH).tokens)
         stats, trace = rt.stats(), rt.trace()
@@ -79,3 +79,22 @@ def test_pregate_systems_need_its_training_trace_and_inline_control():
     rt = offload(fresh(ARCH), 0.3, "on-demand-lru", train=_train())  # reads no pre-gate: no input is kept
     assert rt.controller.pregate is None
     rt.restore()
+
+
+def test_live_pregate_in_a_batch_gives_each_row_its_own_input():
+    """A batch of 4 with a system that fuses pre-gating: each lane's predictor asks for its own row of
+    the forward, whose pre-gate row is that sequence's (the batch's tokens stay the full model's)."""
+    from tests.runtime.test_batched import PROMPTS, generate_batch
+
+    full = generate_batch(reference(ARCH).model)
+    model = fresh(ARCH)
+    rt = offload(model, 0.3, "expertflow-style", train=_train(), hardware=TEST_HW, miss="copy")
+    source = rt.controller.system.predictor.pregate_source
+    row, asked = source.row, []
+    source.row = lambda step, i=0: asked.append((i, source._rows)) or row(step, i)
+    try:
+        got = generate_batch(model)
+    finally:
+        rt.restore()
+    assert torch.equal(got, full)
+    assert {i for i, rows in asked if rows == len(PROMPTS)} == set(range(len(PROMPTS)))

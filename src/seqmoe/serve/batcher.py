@@ -117,7 +117,7 @@ class Batcher:
         self._cache_kwarg = "cache" if "cache" in forward else "past_key_values"
         # generate() computes only the last position's logits in the prompt pass; so do we (same numbers)
         self._keep = {"logits_to_keep": 1} if "logits_to_keep" in forward else {}
-        self.batch_note = why_one_at_a_time(runtime, self._new_cache())
+        self.batch_note = why_one_at_a_time(self._new_cache())
         self.max_batch = 1 if self.batch_note else max_batch
         self.admission = Admission(admission, self.model, runtime, self.max_batch)
         self.counts_ = ServerCounts()

@@ -26,15 +26,10 @@ def batchable(cache) -> bool:
     return all(not getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [None]))
 
 
-def why_one_at_a_time(runtime, cache) -> str | None:
+def why_one_at_a_time(cache) -> str | None:
     """Why the batcher must decode one request at a time (None: it may batch)."""
     if not batchable(cache):
         return "the model's cache has sliding-window layers, which rows cannot be padded and joined in"
-    if runtime is None:
-        return None
-    c = runtime.controller
-    if c.pregate is not None:
-        return "live pre-gating (seqmoe-hybrid) serves one sequence"
     return None
 
 

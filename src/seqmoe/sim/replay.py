@@ -126,6 +126,8 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
     step boundary at or after each multiple of `window_tokens` tokens decoded."""
     ids = trace.expert_ids
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
+    predictor = driver.manager.system.predictor
+    source = None if predictor is None else predictor.pregate_source
     bar = tqdm(total=plan.num_steps, disable=not progress, unit="step", desc=name, mininterval=0.5, leave=False)
     windows, mark, edge = [], None, 0
     for s in range(plan.num_steps):
@@ -138,6 +140,8 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
             for t in rows[plan.new[s, lanes]].tolist():
                 if t in pools:
                     pools[t] = np.array(driver.manager.readable_mask(driver.clock), dtype=bool)
+        if source is not None:  # each lane's pre-gate rows are its own token's
+            source.tokens = rows.tolist()
         driver.step_start([tokens[t] for t in rows] if tokens is not None else [None] * len(rows),
                           plan.new[s, lanes].tolist(), lanes.tolist())
         step_ids = ids[rows]  # [B, L, K]
@@ -153,6 +157,8 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
         if s % 64 == 63:
             bar.update(64)
     bar.close()
+    if source is not None:
+        source.tokens = None
     if window_tokens:
         _close_window(driver, windows, mark)
     counts = driver.finish()

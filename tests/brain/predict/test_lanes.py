@@ -80,6 +80,9 @@ def test_far_is_the_largest_over_the_rows(first):
         def begin_token(self, step, token):
             pass
 
+        def set_row(self, row):
+            pass
+
         def fork(self):
             return Head(np.array([0.1, 0.9]) if first else np.array([0.5, 0.2]))
 

@@ -91,6 +91,36 @@ def test_the_pregate_systems_replay_with_consistent_counts(name):
     assert m["prefetches"] > 0
 
 
+@pytest.mark.parametrize("name", ["expertflow-style", "expertflow-style-pregate-only"])
+def test_a_batched_replay_gives_each_lane_its_own_tokens_pregate_rows(name):
+    """In lockstep each lane's predictor reads the pre-gate rows of its own token (`TraceRows.tokens`),
+    and the replay counts every activation."""
+    from seqmoe.brain.manager import SystemInputs, build_system, start_placement
+    from seqmoe.brain.predict.lanes import LanePredictors
+    from seqmoe.brain.predict.pregate import TraceRows
+    from seqmoe.sim import simulate
+    from seqmoe.sim.lockstep import lockstep
+    from tests.conftest import tiny_hardware, tiny_model
+
+    train, test = _trace(3.0, seed=1), _trace(3.0, seed=2)
+    lanes = LanePredictors(PregatePredictor(test))
+    lanes.set_rows([0, 1])
+    source = lanes.first.pregate_source
+    source.tokens = [7, 40]
+    lanes.begin_token(0, [None, None])
+    lanes.observe(1, np.zeros((2, K), np.int64))
+    for b, t in enumerate(source.tokens):
+        fc = lanes.lane(b).predict(1)
+        assert np.array_equal(fc.probs, TraceRows(test).rows[t * L + 1][:L - 2])
+    C = 12
+    system = build_system(name, SystemInputs(train=train, test=test, capacity=C, start=tuple(start_placement(train, C))),
+                          "copy")
+    c = simulate(test, system, model=tiny_model(test), hardware=tiny_hardware(), capacity=C,
+                 start=start_placement(train, C), plan=lockstep(test, 2))
+    assert c.ready + c.late + c.misses == T * L * K and c.prefetches > 0
+    assert system.predictor.pregate_source.tokens is None  # the replay leaves the rows as it found them
+
+
 def test_systems_that_need_pregate_say_so_and_stay_out_of_the_default_lists():
     from seqmoe.brain.manager.systems import SystemInputs, baselines, build_system, live_systems
 

@@ -45,6 +45,9 @@ class Predictor(ABC):
     new_prior: tuple | None = None
     """A prior beyond the forecast refitted at this token start, (use rates [L * E], `ReuseTable` or
     None): the manager hands it to the policy once (`EvictionPolicy.set_prior`) and clears it."""
+    pregate_source = None
+    """Where its pre-gate rows come from (`pregate.TraceRows` in a replay), or None: a batched replay
+    points it at each step's tokens."""
 
     @abstractmethod
     def begin_request(self) -> None:
@@ -78,6 +81,10 @@ class Predictor(ABC):
     def fork(self) -> Predictor:
         """A predictor for another sequence of a batch, sharing what was learned (default: a copy)."""
         return copy.deepcopy(self)
+
+    def set_row(self, row: int) -> None:
+        """This predictor's sequence is row `row` of the step that starts (a lane of a batch; 0 alone):
+        where a per-row input of the step (pre-gate rows) is found. Default: nothing reads it."""
 
 
 class IgnoresHistory(Predictor):

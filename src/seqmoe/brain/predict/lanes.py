@@ -68,8 +68,9 @@ class LanePredictors(Predictor):
         if not isinstance(token_ids, list):
             token_ids, self._rows = [token_ids], [0]
         fars = []
-        for b, token in zip(self._rows, token_ids):
+        for i, (b, token) in enumerate(zip(self._rows, token_ids)):
             p = self._lanes[b]
+            p.set_row(i)
             p.begin_token(step, token)
             if p.far is not None:
                 fars.append(p.far)

@@ -10,8 +10,11 @@ training trace (`fit_alphas`: the alpha of a grid that maximises recall@K at d; 
 
 The pre-gate rows are looked up by position, only ever the row of the position just observed
 (what the hidden state entering that layer says: the present, not the future): in the trace being
-replayed (offline evaluation, the simulator), or computed live from the hidden state by the runtime
-(`seqmoe.runtime.eager.pregate.LivePregate`, the same numbers: `pregate_probs`). The history forecaster
+replayed (offline evaluation, the simulator; `TraceRows`), or computed live from the hidden state by
+the runtime (`seqmoe.runtime.eager.pregate.LivePregate`, the same numbers: `pregate_probs`). In a
+batch each lane's predictor reads its own row of the step (`set_row`): a batched replay points the
+trace's rows at the step's tokens (`TraceRows.tokens`), the runtime's forward holds one row per
+sequence. The history forecaster
 may be any predictor (its `forecast(step, horizon)` when it has one, else `predict(step)`).
 """
 
@@ -47,20 +50,39 @@ def _pregate_rows(trace: RoutingTrace) -> np.ndarray:
     return pregate_probs(trace.pregate_logits.reshape(T * L, H, E), trace.top_k)
 
 
+class TraceRows:
+    """The pre-gate rows of a replayed trace: `row(step, i)` of position `step` (batch 1), or, while
+    `tokens` holds a batched step's trace tokens (one per row), of row i's token at step's layer."""
+
+    def __init__(self, trace: RoutingTrace) -> None:
+        self.rows, self.num_layers = _pregate_rows(trace), trace.num_layers
+        self.tokens: list[int] | None = None
+
+    def row(self, step: int, i: int = 0) -> np.ndarray:
+        if self.tokens is None:
+            return self.rows[step]
+        return self.rows[self.tokens[i] * self.num_layers + step % self.num_layers]
+
+
 class PregatePredictor(Predictor):
     """Forecast the rest of the current token from the pre-gate scores of the position just observed.
 
     Args:
         source: a trace with pre-gate scores, or live rows (an object with `num_layers` and
-            `row(step)` -> [H, E], as `seqmoe.runtime.eager.pregate.LivePregate`).
+            `row(step, i)` -> [H, E] of row i of the step, as `seqmoe.runtime.eager.pregate.LivePregate`).
     """
 
     def __init__(self, source) -> None:
-        if isinstance(source, RoutingTrace):
-            self._row, self.L = _pregate_rows(source).__getitem__, source.num_layers
-        else:
-            self._row, self.L = source.row, source.num_layers
-        self._step = None
+        self.pregate_source = TraceRows(source) if isinstance(source, RoutingTrace) else source
+        self.L = self.pregate_source.num_layers
+        self._step, self._i = None, 0
+
+    def set_row(self, row: int) -> None:
+        self._i = row
+
+    def fork(self) -> PregatePredictor:
+        """A lane's predictor: the same source (not a copy of the trace's rows or of the live model)."""
+        return PregatePredictor(self.pregate_source)
 
     def begin_request(self) -> None:
         self._step = None
@@ -75,7 +97,7 @@ class PregatePredictor(Predictor):
         if self._step is None:
             return None
         n = self.L - 1 - step % self.L  # later layers of this token
-        rows = self._row(step)[:n]
+        rows = self.pregate_source.row(step, self._i)[:n]
         keep = ~np.isnan(rows).any(axis=1)
         return Forecast(np.arange(step + 1, step + 1 + n, dtype=np.int64)[keep], rows[keep])
 
@@ -86,6 +108,13 @@ class HybridPredictor(Predictor):
     def __init__(self, history, source, alphas: np.ndarray) -> None:
         self.history, self.pregate = history, PregatePredictor(source)  # source: see `PregatePredictor`
         self.alphas = np.asarray(alphas, dtype=np.float64)
+        self.pregate_source = self.pregate.pregate_source
+
+    def set_row(self, row: int) -> None:
+        self.pregate.set_row(row)
+
+    def fork(self) -> HybridPredictor:
+        return HybridPredictor(self.history.fork(), self.pregate_source, self.alphas)
 
     def begin_request(self) -> None:
         self.history.begin_request()

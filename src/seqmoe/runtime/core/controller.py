@@ -377,6 +377,11 @@ class Controller:
 
     # -- results ---------------------------------------------------------------------------------------
     @property
+    def forward_rows(self) -> int:
+        """Sequences in the forward being routed (1 outside one)."""
+        return 1 if self._forward is None else self._forward[0].shape[0]
+
+    @property
     def num_tokens(self) -> int:
         return self._positions
 

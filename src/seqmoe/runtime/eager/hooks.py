@@ -71,21 +71,11 @@ def _inputs(args, kwargs) -> tuple[torch.Tensor | None, list | None, int]:
     return ids, tokens, int(shape[0])
 
 
-def _check_batch(controller: Controller, batch: int) -> None:
-    """UserError when a batch of `batch` rows meets what serves one sequence only."""
-    if batch == 1:
-        return
-    if controller.pregate is not None:
-        raise UserError(f"a batch of {batch} sequences runs without live pre-gating: choose a system other than "
-                        "seqmoe-hybrid, or decode one sequence at a time")
-
-
 def _pre_hook(controller: Controller):
     def hook(module, args, kwargs):
         t0 = time.perf_counter()
         controller.settle()  # the previous prompt's replay: what follows reads the state machine
         ids, tokens, batch = _inputs(args, kwargs)
-        _check_batch(controller, batch)
         if controller.graph_step:  # DecodeGraph opened the step: nothing here may read a device value
             controller.graph_pre(ids[:, -1] if ids is not None else None)
             return
@@ -129,7 +119,7 @@ def _router_hook(controller: Controller, layer: int):
         t0 = time.perf_counter()
         logits, weights, ids = unpack_router_output(module, output)
         if controller.pregate is not None and args:  # the input later routers score (`runtime.pregate`)
-            controller.pregate.note_input(layer, args[0], controller.driver.tokens)
+            controller.pregate.note_input(layer, args[0], controller.driver.tokens, controller.forward_rows)
         routing = controller.routing
         if routing is not None:  # cache-aware routing: the block computes what is returned
             weights, ids = routing(layer, logits, weights, ids, posted=controller.posting)

@@ -6,7 +6,8 @@ the routers of layers l + 1 .. l + H are applied to that layer's input of the fo
 positions at once (as the collector does, so the numbers are the collector's), rounded to float16
 and turned into probabilities by the same `pregate_probs`. A forward over several positions (a
 prompt, replayed into the state machine after it ran) keeps every layer's input, so each replayed
-position gets its own row. Inline control only: a posted decode step's
+position gets its own row; a forward of B rows holds B x N inputs, row i's at i x N + position
+(`row(step, i)`, asked by lane i's predictor). Inline control only: a posted decode step's
 activations are not the host's to keep.
 """
 
@@ -34,20 +35,25 @@ class LivePregate:
         self._inputs: list[torch.Tensor | None] = [None] * self.num_layers
         self._logits: list[np.ndarray | None] = [None] * self.num_layers  # [N, H, E] float16, made when asked
         self._first = 0  # the token index of the forward's first position
+        self._rows = 1  # sequences in the forward
 
-    def note_input(self, layer: int, x: torch.Tensor, first_token: int) -> None:
-        """Layer `layer`'s router got `x` ([..., hidden]) in a forward whose first position is token `first_token`."""
+    def note_input(self, layer: int, x: torch.Tensor, first_token: int, rows: int = 1) -> None:
+        """Layer `layer`'s router got `x` ([..., hidden]) in a forward of `rows` sequences whose first
+        position is token `first_token`."""
         if layer == 0:
             self._inputs, self._logits = [None] * self.num_layers, [None] * self.num_layers
-            self._first = first_token
+            self._first, self._rows = first_token, rows
         self._inputs[layer] = x.detach().reshape(-1, x.shape[-1])
         self._logits[layer] = None
 
-    def row(self, step: int) -> np.ndarray:
-        """[H, E] `pregate_probs` of position `step` (NaN where l + h >= L, or where its input is gone)."""
+    def row(self, step: int, row: int = 0) -> np.ndarray:
+        """[H, E] `pregate_probs` of position `step` of the forward's row `row` (NaN where l + h >= L,
+        or where its input is gone)."""
         t, l = divmod(step, self.num_layers)
-        x, i = self._inputs[l], t - self._first
-        if x is None or not 0 <= i < x.shape[0]:
+        x = self._inputs[l]
+        per_row = 0 if x is None else x.shape[0] // self._rows
+        i = row * per_row + t - self._first
+        if x is None or not 0 <= t - self._first < per_row or row >= self._rows:
             return np.full((self.H, self.E), np.nan, np.float32)
         if self._logits[l] is None:
             self._logits[l] = self._score(l, x)
