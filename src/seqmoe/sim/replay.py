@@ -127,7 +127,7 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
     ids = trace.expert_ids
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
     predictor = driver.manager.system.predictor
-    source = None if predictor is None else predictor.pregate_source
+    source = None if predictor is None else predictor.replay_tokens
     bar = tqdm(total=plan.num_steps, disable=not progress, unit="step", desc=name, mininterval=0.5, leave=False)
     windows, mark, edge = [], None, 0
     for s in range(plan.num_steps):
@@ -140,7 +140,7 @@ def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progr
             for t in rows[plan.new[s, lanes]].tolist():
                 if t in pools:
                     pools[t] = np.array(driver.manager.readable_mask(driver.clock), dtype=bool)
-        if source is not None:  # each lane's pre-gate rows are its own token's
+        if source is not None:  # what each lane reads of the trace by token is its own token's
             source.tokens = rows.tolist()
         driver.step_start([tokens[t] for t in rows] if tokens is not None else [None] * len(rows),
                           plan.new[s, lanes].tolist(), lanes.tolist())

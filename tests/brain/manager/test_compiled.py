@@ -94,6 +94,15 @@ def test_compiled_equals_reference_with_the_trained_forecaster(name, draft, tiny
         inputs = SystemInputs(train=train, test=test, capacity=C, start=tuple(start), predictor=pred, draft=draft)
         ref, fast = (_counts(test, lambda: build_system(name, inputs), C, start, bw, compiled) for compiled in (False, True))
         assert fast == ref
+    if name == "seqmoe-oracle-draft":  # batched: each lane drafts its own token's next
+        from seqmoe.sim import simulate
+        from seqmoe.sim.lockstep import lockstep
+
+        system = build_system(name, inputs)
+        c = simulate(test, system, model=tiny_model(test), hardware=tiny_hardware(), capacity=C, start=start,
+                     plan=lockstep(test, 3))
+        assert c.ready + c.late + c.misses == test.num_tokens * test.num_layers * test.top_k
+        assert system.predictor.replay_tokens.tokens is None
 
 
 # A host CPU faster than either link (1.6e-5 s per expert) and one slower than the fast link (3.3e-4 s).

@@ -93,6 +93,21 @@ def test_true_tokens_stop_at_the_request_end():
     assert blind.draft(5) == ([], [])
 
 
+def test_in_a_batched_replay_each_lanes_oracle_drafts_its_own_tokens_next():
+    import copy
+
+    trace = with_tokens(make_trace(num_tokens=60, num_requests=3))
+    first = TrueTokenDrafter(trace)
+    other = copy.deepcopy(first)  # a lane's: the same place
+    assert other.place is first.place
+    first.place.tokens = [4, 31]  # the step's trace tokens, rows 0 and 1
+    for row, d in enumerate((first, other)):
+        d.set_row(row)
+        d.see(1, None)  # the step's index is not the lane's token
+        t = first.place.tokens[row]
+        assert d.draft(2)[0] == trace.token_ids[t + 1:t + 3].tolist()
+
+
 def test_drafter_choices():
     assert make_drafter("none") is None
     assert isinstance(make_drafter("ngram"), NgramDrafter)

@@ -118,7 +118,7 @@ def test_a_batched_replay_gives_each_lane_its_own_tokens_pregate_rows(name):
     c = simulate(test, system, model=tiny_model(test), hardware=tiny_hardware(), capacity=C,
                  start=start_placement(train, C), plan=lockstep(test, 2))
     assert c.ready + c.late + c.misses == T * L * K and c.prefetches > 0
-    assert system.predictor.pregate_source.tokens is None  # the replay leaves the rows as it found them
+    assert system.predictor.replay_tokens.tokens is None  # the replay leaves the rows as it found them
 
 
 def test_systems_that_need_pregate_say_so_and_stay_out_of_the_default_lists():

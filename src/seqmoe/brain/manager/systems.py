@@ -382,8 +382,6 @@ def _seqmoe_oracle_forecast(inp: SystemInputs) -> System:
                  "drafting's ceiling (a trace without token ids drafts nothing)",
                  role="oracle", needs_predictor=True)
 def _seqmoe_oracle_draft(inp: SystemInputs) -> System:
-    if inp.visits is not None:
-        raise UserError("seqmoe-oracle-draft drafts the replayed trace's next token by position: it replays batch 1 only")
     policy = _prior(inp)
     predictor = _seq(inp, far_head=False).use_drafter(TrueTokenDrafter(inp.test))  # guesses feed the next token's rows
     return System("seqmoe-oracle-draft", policy, predictor, DeadlinePrefetcher(policy))

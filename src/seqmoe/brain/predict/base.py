@@ -45,9 +45,9 @@ class Predictor(ABC):
     new_prior: tuple | None = None
     """A prior beyond the forecast refitted at this token start, (use rates [L * E], `ReuseTable` or
     None): the manager hands it to the policy once (`EvictionPolicy.set_prior`) and clears it."""
-    pregate_source = None
-    """Where its pre-gate rows come from (`pregate.TraceRows` in a replay), or None: a batched replay
-    points it at each step's tokens."""
+    replay_tokens = None
+    """What a batched replay points at each step's trace tokens (an object with `tokens`: one per row,
+    None after), for what it reads of the trace by token (pre-gate rows, an oracle's drafts), or None."""
 
     @abstractmethod
     def begin_request(self) -> None:

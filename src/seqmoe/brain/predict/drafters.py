@@ -16,6 +16,8 @@ token `see(t, token_id)` with the token's input id, then `draft(n)`.
 
 from __future__ import annotations
 
+import copy
+
 from typing import Protocol
 
 import numpy as np
@@ -47,9 +49,17 @@ class Drafter(Protocol):
     def draft(self, n: int) -> tuple[list[int], list[float]]:
         """Guesses of tokens t + 1 .. t + m (m <= n, possibly 0) and the confidence of each."""
 
+    place: object | None
+    """What a batched replay points at each step's trace tokens (`TrueTokenDrafter`'s), or None."""
+
+    def set_row(self, row: int) -> None:
+        """Its sequence is row `row` of the step that starts (a lane of a batch)."""
+
 
 class NgramDrafter:
     """Prompt-lookup drafts over the request's own tokens, priced by their measured hit rate."""
+
+    place = None
 
     def __init__(self, max_depth: int = 20) -> None:
         self.max_depth = max_depth
@@ -58,6 +68,9 @@ class NgramDrafter:
         self.hits = prior * PRIOR_WEIGHT
         self.tries = np.full_like(prior, PRIOR_WEIGHT)
         self.begin_request()
+
+    def set_row(self, row: int) -> None:
+        pass
 
     def begin_request(self) -> None:
         self._tokens: list[int] = []
@@ -111,18 +124,27 @@ class NgramDrafter:
 
 class TrueTokenDrafter:
     """The replayed trace's true next tokens (within the request), confidence 1: an oracle. A trace
-    without token ids has none to give: no drafts."""
+    without token ids has none to give: no drafts. In a batched replay the token a lane decodes is
+    not the step's index: `place.tokens` holds the step's trace tokens, one per row (the replay sets
+    it), and the drafter of row `set_row` reads its own; copies (a batch's lanes) share `place`."""
 
     def __init__(self, trace: RoutingTrace) -> None:
         self._ids = [] if trace.token_ids is None else trace.token_ids.tolist()
         self._off = trace.request_offsets
-        self._t = -1
+        self.place = _Place()
+        self._t, self._row = -1, 0
+
+    def __deepcopy__(self, memo) -> TrueTokenDrafter:
+        return copy.copy(self)  # the trace's tokens and the place are shared, the position is not
 
     def begin_request(self) -> None:
         pass
 
+    def set_row(self, row: int) -> None:
+        self._row = row
+
     def see(self, t: int, token_id: int | None) -> None:
-        self._t = t
+        self._t = t if self.place.tokens is None else self.place.tokens[self._row]
 
     def draft(self, n: int) -> tuple[list[int], list[float]]:
         t = self._t
@@ -131,6 +153,12 @@ class TrueTokenDrafter:
         end = int(self._off[np.searchsorted(self._off, t, side="right")])  # the request's end
         guesses = self._ids[t + 1:min(end, t + 1 + n)]
         return guesses, [1.0] * len(guesses)
+
+
+class _Place:
+    """The step's trace tokens, one per row, while a batched replay runs (else None)."""
+
+    tokens: list[int] | None = None
 
 
 def make_drafter(kind: str, train: RoutingTrace | None = None) -> Drafter | None:

@@ -13,8 +13,8 @@ The pre-gate rows are looked up by position, only ever the row of the position j
 replayed (offline evaluation, the simulator; `TraceRows`), or computed live from the hidden state by
 the runtime (`seqmoe.runtime.eager.pregate.LivePregate`, the same numbers: `pregate_probs`). In a
 batch each lane's predictor reads its own row of the step (`set_row`): a batched replay points the
-trace's rows at the step's tokens (`TraceRows.tokens`), the runtime's forward holds one row per
-sequence. The history forecaster
+trace's rows at the step's tokens (`TraceRows.tokens`, the predictor's `replay_tokens`), the
+runtime's forward holds one row per sequence. The history forecaster
 may be any predictor (its `forecast(step, horizon)` when it has one, else `predict(step)`).
 """
 
@@ -74,6 +74,7 @@ class PregatePredictor(Predictor):
 
     def __init__(self, source) -> None:
         self.pregate_source = TraceRows(source) if isinstance(source, RoutingTrace) else source
+        self.replay_tokens = self.pregate_source if isinstance(source, RoutingTrace) else None
         self.L = self.pregate_source.num_layers
         self._step, self._i = None, 0
 
@@ -108,7 +109,7 @@ class HybridPredictor(Predictor):
     def __init__(self, history, source, alphas: np.ndarray) -> None:
         self.history, self.pregate = history, PregatePredictor(source)  # source: see `PregatePredictor`
         self.alphas = np.asarray(alphas, dtype=np.float64)
-        self.pregate_source = self.pregate.pregate_source
+        self.pregate_source, self.replay_tokens = self.pregate.pregate_source, self.pregate.replay_tokens
 
     def set_row(self, row: int) -> None:
         self.pregate.set_row(row)

@@ -190,6 +190,14 @@ class SeqPredictor(Predictor):
         twin._table = self._table
         return twin.use_drafter(None if self.drafter is None else copy.deepcopy(self.drafter))
 
+    def set_row(self, row: int) -> None:
+        if self.drafter is not None:
+            self.drafter.set_row(row)
+
+    @property
+    def replay_tokens(self):
+        return None if self.drafter is None else self.drafter.place
+
     def use_drafter(self, drafter) -> SeqPredictor:
         """Read `drafter`'s guesses of the next tokens as look-ahead (None: no drafts); returns self."""
         self.drafter = drafter
