@@ -278,12 +278,10 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
     with Undo() as undo:
         mp = measure_profile(model, arch, layout)  # the dense part's bytes: the same before and after the moves
         twin = plan.system.twin
-        twin_layout = None if twin is None else QuantLayout.of(getattr(layout, "base", layout), twin.precision)
-        twin_link_s = copy_time_s(mp.at_precision(twin.precision), hw) if twin is not None and emulate_link else None
-        twins = None
-        if twin is not None:  # from the weights in memory, or each expert read once from the checkpoint
-            twins = TwinStore.pack(originals, twin_layout, device, twin_link_s) if plan.disk is None else \
-                TwinStore.read(plan.disk.files, twin_layout, device, twin_link_s)
+        twins = None if twin is None else TwinStore.of(
+            twin.precision, getattr(layout, "base", layout), device, originals=originals,
+            files=None if plan.disk is None else plan.disk.files,
+            link_s=copy_time_s(mp.at_precision(twin.precision), hw) if emulate_link else None)
         if plan.disk is None:
             hosts, kept = _pack(originals, layout, device, undo)
         else:  # the rows come from disk through a host cache: nothing to pack

@@ -1,14 +1,15 @@
 """The low-bit twins of every layer's experts in host memory (the twin miss path,
 `seqmoe.brain.manager.miss_paths.Twin`).
 
-    store = TwinStore.pack(originals, QuantLayout.of(base_layout, "int4"), device, undo)
-    store = TwinStore.read(files, QuantLayout.of(base_layout, "int4"), device)   # experts streamed from disk
+    store = TwinStore.of("int4", base_layout, device, originals=originals)   # or files=: read from a checkpoint
     rows = store.rows(layer, [3, 5])          # [2, B] on the device, read over the link
 
 Each expert is packed a second time at the twin's precision, from the model's own weights (not
 from the store's quantized ones, so an int4 twin under an int8 store is as good as an int4 store).
-The memory manager marks the misses its twins serve; the eager experts call computes those from
-their twin rows (`eager.experts`) and every other routed expert as usual, and adds the two.
+With a disk tier each expert is read once from the checkpoint to pack its twin (`read`). The
+memory manager marks the misses its twins serve; the eager experts call computes those from their
+twin rows (`eager.experts`), a posted step from the same rows read in place on the device
+(`gather_posted_params`), and every other routed expert as usual, and adds the two.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import math
 import time
 
 import torch
+
+from seqmoe.arch.quant import QuantLayout
 
 
 class TwinStore:
@@ -33,6 +36,14 @@ class TwinStore:
         self.hosts, self.layout, self.device, self.link_s = hosts, layout, device, link_s
         self.reads = 0
         """Twin rows read so far."""
+
+    @classmethod
+    def of(cls, precision: str, base_layout, device: torch.device, *, originals=None, files=None,
+           link_s: float | None = None) -> TwinStore:
+        """The twins at `precision` of every expert: packed from `originals` (their weights in memory),
+        or with `files` (a checkpoint streamed from disk) each expert read once from it."""
+        layout = QuantLayout.of(base_layout, precision)
+        return cls.pack(originals, layout, device, link_s) if files is None else cls.read(files, layout, device, link_s)
 
     @classmethod
     def pack(cls, originals, layout, device: torch.device, link_s: float | None = None) -> TwinStore:
