@@ -12,11 +12,12 @@ rows; which job first: `serve.admission`, FIFO by default) by a prompt forward o
 or cancelled ones leave; each decode step is one forward over every running row, each row on its own
 lane of the runtime (`OffloadRuntime.use_lanes`), so each sequence keeps its forecaster state. The
 rows live in one static cache (`serve.static.StaticBatch`, one CUDA graph per row count on a GPU), or
-with `static=None` in a growing left-padded cache (`serve.kv.BatchKV`, the eager path). torch is not re-entrant, so every forward (and `runtime.stats()`) runs on this
-thread; HTTP handlers only enqueue jobs and receive events through `emit`, which the batcher calls
-from its thread: ("text", delta), then ("done", finish_reason, usage) or ("error", message). A
-cancelled job gets no more events. Cancelling never interrupts a forward: the batcher looks at the
-jobs' flags after each step, so the runtime's state stays consistent.
+with `static=None` in a growing left-padded cache (`serve.kv.BatchKV`, the eager path). torch is not
+re-entrant, so every forward (and `runtime.stats()`) runs on this thread; HTTP handlers only enqueue
+jobs and receive events through `emit`, which the batcher calls from its thread: ("text", delta),
+then ("done", finish_reason, usage) or ("error", message). A cancelled job gets no more events.
+Cancelling never interrupts a forward: the batcher looks at the jobs' flags after each step, so the
+runtime's state stays consistent.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class Batcher:
         tokenizer: the model's tokenizer (decodes the generated text).
         queue_limit: jobs that may wait beside the running batch; `submit` raises QueueFull past it.
         max_batch: rows decoded together at most (1: one request at a time). Lowered to 1, with the
-            reason in `batch_note`, where the runtime or the model's cache serves one sequence.
+            reason in `batch_note`, where the model's cache serves one sequence (sliding-window layers).
         eos_token_ids: generation ends after any of these (default: the model's generation config's,
             else the tokenizer's).
         static: the static cache's positions (the context length), or None: the eager path.
