@@ -74,7 +74,7 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
         "checkpoints'). seqmoe.load, generate and serve open DST and stream its bytes. DST appears whole or not at "
         "all.",
     )
-    c.add_argument("src", metavar="SRC", help="the checkpoint folder (save_pretrained's, safetensors)")
+    c.add_argument("src", metavar="SRC", help="the checkpoint folder (save_pretrained's, safetensors), or seqmoe-tiny")
     c.add_argument("dst", metavar="DST", help="the folder to write (must not exist)")
     c.add_argument("--expert-dtype", required=True, choices=PRECISIONS, help="the routed experts' precision")
     c.add_argument("--json", action="store_true", help="print the byte counts as one JSON object")

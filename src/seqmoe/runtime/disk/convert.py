@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from seqmoe.arch import model_arch
+from seqmoe.arch.model_dirs import resolve_model_dir
 from seqmoe.arch.quant import CONVERTED, CONVERTED_FORMAT, ROWS_SUFFIX, QuantLayout, converted_precision
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import check_precision
@@ -57,9 +58,7 @@ def convert(src, dst, precision: str, *, progress: bool = False) -> ConvertRepor
     check_precision(precision)
     if precision is None:
         raise UserError("give an expert precision to convert to (int8, int4 or fp8)")
-    src, dst = Path(src), Path(dst)
-    if not src.is_dir():
-        raise UserError(f"no checkpoint folder at {src}")
+    src, dst = resolve_model_dir(src), Path(dst)  # a folder, or a packaged model's name (seqmoe-tiny)
     if converted_precision(src) is not None:
         raise UserError(f"{src} was written by seqmoe convert already; convert the original checkpoint")
     if dst.exists():
