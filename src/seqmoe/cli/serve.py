@@ -42,8 +42,7 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0: any free port, printed)")
     s.add_argument("--max-batch", type=int, default=8, help="requests decoded together: they join and leave the "
                    "running batch between decode steps (continuous batching); 1: one at a time. One at a time anyway "
-                   "with cache-aware routing, pre-gating, twins or a sliding-window cache "
-                   "(default: 8)")
+                   "for a model whose cache has sliding-window layers (default: 8)")
     s.add_argument("--admission", default="fifo", help="which waiting request takes a free row of the batch: "
                    f"{' or '.join(ADMISSIONS)} (the one whose forecast routing overlaps most with the running batch's "
                    f"and the resident experts, among the first {CANDIDATES} waiting; the oldest is passed over at most "
