@@ -131,6 +131,9 @@ class OffloadRuntime:
         if pool.cache is not None:  # the simulated disk tier's counts beside the host cache's real ones
             summary = {(f"sim_{k}" if k.startswith(("disk_", "host_")) and k != "host_expert_s" else k): v
                        for k, v in summary.items()}
+            # a read takes the file's bytes of an expert (more than the row's when rows are quantized as read)
+            disk = summary["sim_disk_reads"] * pool.cache.files.expert_nbytes(0, 0)
+            summary.update(sim_disk_bytes=disk, sim_disk_bytes_per_token=disk / tokens if tokens else 0.0)
         return {
             "system": self.system, **manager_kind(self.controller.system), "residency": self.residency,
             "capacity": self.capacity, "miss": self.miss,

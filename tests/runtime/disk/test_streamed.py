@@ -146,6 +146,11 @@ def test_an_int4_store_streams_from_a_checkpoint_of_the_models_dtype(checkpoints
         assert stats["expert_dtype"] == "int4" and stats["expert_bytes"] < plain.pool.expert_bytes / 3
         assert rt.pool.cache.tier.rows > 3 * plain.pool.cache.tier.rows  # the same budget holds more experts
         assert stats["host_expert_bytes"] <= host and stats["disk_reads"] > 0
+        # the simulated reads are priced at what a read takes from the file: the checkpoint's dtype
+        file_bytes = rt.pool.cache.files.expert_nbytes(0, 0)
+        assert file_bytes == plain.pool.expert_bytes > stats["expert_bytes"]
+        assert stats["sim_disk_bytes"] == stats["sim_disk_reads"] * file_bytes
+        assert stats["sim_disk_read_s"] == pytest.approx(rt.hardware.disk_latency_s + file_bytes / rt.hardware.disk_bytes_per_s)
     finally:
         rt.close()
 

@@ -9,6 +9,7 @@ policy follows the system (`tier.host_policy`).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import torch
@@ -47,10 +48,11 @@ class DiskPlan:
     def clock(self, system, model, hardware, start, pool):
         """The simulator's disk tier on the runtime's virtual clock (`sim.DiskClock`, with a tier of
         its own: the virtual clock is the simulator's figure for these budgets, a disk read priced by
-        `hardware`, free when it describes no disk). The host cache's tier follows its decisions
+        `hardware` at the file's bytes of an expert, free when it describes no disk). The host cache's tier follows its decisions
         (evicting first what it let go), shares its forecast inputs and sees `pool`'s published
         slots. It reads nothing ahead: read-ahead is off in the tier (`tier.AHEAD_P`)."""
-        read_s = disk_read_s(model, hardware) if hardware.disk_bytes_per_s is not None else 0.0
+        on_disk = dataclasses.replace(model, expert_bytes=self.files.expert_nbytes(0, 0))  # a read's bytes: the file's
+        read_s = disk_read_s(on_disk, hardware) if hardware.disk_bytes_per_s is not None else 0.0
         tier = HostTier(self.rows, self.num_layers, self.num_experts, policy=host_policy(system), read_s=read_s,
                         start=start)
         # The simulated tier decides; the real one follows where its rows' use allows. Rows of experts
