@@ -35,7 +35,11 @@ class TwinStore:
     def __init__(self, hosts: list[torch.Tensor], layout, device: torch.device, link_s: float | None = None) -> None:
         self.hosts, self.layout, self.device, self.link_s = hosts, layout, device, link_s
         self.reads = 0
-        """Twin rows read so far."""
+        """Twin rows read so far by the host (eager calls); `posted_reads`: by posted steps, on the device."""
+        self.device_reads = torch.zeros(2, dtype=torch.int64, device=device)  # (slot, host) reads of posted steps
+        self._mapped: list[torch.Tensor] | None = None  # the twin rows as the device sees them (first posted read)
+        self._no_slots: torch.Tensor | None = None
+        self._bufs: dict[int, tuple] = {}  # per number of positions: a posted read's buffers
 
     @classmethod
     def of(cls, precision: str, base_layout, device: torch.device, *, originals=None, files=None,
@@ -81,11 +85,9 @@ class TwinStore:
         from seqmoe.runtime.core.mapped import dequantizes, device_view, gather_dequantized, gather_rows
 
         n, dev = ids.shape[0], self.device
-        if getattr(self, "_mapped", None) is None:
+        if self._mapped is None:
             self._mapped = [device_view(h, dev) for h in self.hosts]
             self._no_slots = torch.full((self.hosts[0].shape[0],), -1, dtype=torch.int32, device=dev)
-            self.device_reads = torch.zeros(2, dtype=torch.int64, device=dev)
-            self._bufs: dict[int, tuple] = {}
         if n not in self._bufs:
             out = torch.empty((n, self.layout.numel), dtype=self.layout.dtype, device=dev)
             deq = {p.name: torch.empty((n, math.prod(p.shape)), dtype=self.layout.compute_dtype, device=dev)
@@ -104,8 +106,7 @@ class TwinStore:
     @property
     def posted_reads(self) -> int:
         """Twin rows posted steps read on the device."""
-        reads = getattr(self, "device_reads", None)
-        return 0 if reads is None else int(reads[1])
+        return int(self.device_reads[1])
 
     def rows(self, layer: int, ids: list[int]) -> torch.Tensor:
         """[n, B] twin rows of experts `ids` of `layer`, on the device."""

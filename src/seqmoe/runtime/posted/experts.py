@@ -47,8 +47,9 @@ def _step(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     t0 = time.perf_counter()
     index, bound = x.routed(args, kwargs, hidden_states)
     posted = x.front.slot_ok
+    renumbered = x.posted_index(index) if posted or x.twin_part is not None else None
     if posted:
-        new_index, again = x.posted_index(index)
+        new_index, again = renumbered
         skip = x.skip if again is None else again if x.skip is None else again | x.skip
         params = x.pool.gather_posted_params(x.layer, index.reshape(-1), x.layout, skip, x.host_rows)
         n = index.numel()
@@ -59,18 +60,18 @@ def _step(x, hidden_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
     t1 = time.perf_counter()
     out = x.compute(params, n, hidden_states, args, kwargs, forward=x.posted_forward if posted else None)
     if x.twin_part is not None:  # the positions the relay gave to twins: their rows read, computed here
-        out = out + _twins(x, hidden_states, index)
+        out = out + _twins(x, hidden_states, index, *renumbered)
     t2 = time.perf_counter()
     x.done(x.layer)
     x.counts.host_s += (t1 - t0) + (time.perf_counter() - t2)
     return out
 
 
-def _twins(x, hidden_states: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """The share of the positions served by twins: each twin row read once on the device, the others
-    at weight 0 on zero rows (as the host relay's positions in the main call)."""
+def _twins(x, hidden_states: torch.Tensor, index: torch.Tensor, new_index: torch.Tensor,
+           again: torch.Tensor | None) -> torch.Tensor:
+    """The share of the positions served by twins (`posted_index`'s renumbering of `index`): each twin
+    row read once on the device, the others at weight 0 on zero rows (as the host relay's positions)."""
     take, weights = x.twin_part
-    new_index, again = x.posted_index(index)
     first = take if again is None else take & ~again
     params = x.twins.gather_posted_params(x.layer, index.reshape(-1), first)
     w = torch.where(take.view(weights.shape), weights, 0)
