@@ -24,9 +24,11 @@ whole length (prompt + completion <= `length`); a prompt longer than `pos` moves
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
-ROOM_STEP = 64
+ROOM_STEP = 32
 """An eagerly run cache grows and shrinks by this many positions: attention over at most this many
 unused ones, and one copy of the live rows per this many steps (a growing cache copies every step)."""
 
@@ -165,8 +167,8 @@ class StaticBatch:
                 "attention_mask": self.mask[:b, :self.cap], cache: view}
 
     def _view(self, b: int):
-        """A cache whose layers are the first b rows of the full cache's (contiguous), each with its own
-        counter at `pos`."""
+        """A cache whose layers are the first b rows of the full cache's (contiguous), written at `pos`:
+        a captured step's each through its own device counter, an eager one's at `self.pos` (`_at_pos_class`)."""
         view = self.views.get(b)
         if view is None:
             view = self.views[b] = self._new()
@@ -174,8 +176,11 @@ class StaticBatch:
                 mine.__dict__.update({k: v for k, v in full.__dict__.items() if k not in ("keys", "values")})
                 mine.keys, mine.values, mine.batch_size = full.keys[:b], full.values[:b], b
                 mine.cumulative_length = full.cumulative_length.clone()
-        for layer in view.layers:
-            layer.cumulative_length.fill_(self.pos)
+                if not self.capture:
+                    mine.__class__, mine.batch = _at_pos_class(), self
+        if self.capture:
+            for layer in view.layers:
+                layer.cumulative_length.fill_(self.pos)
         return view
 
     def _run(self, b: int, view) -> None:
@@ -227,3 +232,25 @@ class StaticBatch:
         finally:
             if ctrl is not None:
                 ctrl.run_graph_steps(False)
+
+
+@functools.cache
+def _at_pos_class():
+    from transformers.cache_utils import StaticLayer  # transformers: only when this runs
+
+    class AtPos(StaticLayer):
+        """A static layer written eagerly at its batch's `pos` by a slice copy: `StaticLayer.update`'s
+        device counter (what a captured step needs) costs an arange, an add_ and an index_copy_ a layer."""
+
+        batch: StaticBatch
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            at, n = self.batch.pos, key_states.shape[-2]
+            self.keys.narrow(2, at, n).copy_(key_states)
+            self.values.narrow(2, at, n).copy_(value_states)
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:  # where the step's query is (the mask is built from it)
+            return self.batch.pos
+
+    return AtPos
