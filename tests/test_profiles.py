@@ -90,9 +90,10 @@ def test_cost_model_formulas():
 def test_other_presets_are_plausible():
     # gpt-oss-20b experts are MXFP4 (4.25 bits/param): 3 x 2880^2 params -> about 13.2 MB.
     assert MODEL_PROFILES["gpt-oss-20b"].expert_bytes / 1e6 == pytest.approx(13.24, rel=0.01)
-    # DeepSeek-V3 experts are FP8: 3 x 7168 x 2048 bytes = 44 MB; 58 MoE layers of 256, top-8.
+    # DeepSeek-V3 experts are FP8: 3 x 7168 x 2048 bytes = 44 MB and a float32 scale per 128 x 128 block
+    # (3 x 56 x 16); 58 MoE layers of 256, top-8.
     v3 = MODEL_PROFILES["deepseek-v3"]
-    assert (v3.num_layers, v3.num_experts, v3.top_k, v3.expert_bytes) == (58, 256, 8, 3 * 7168 * 2048)
+    assert (v3.num_layers, v3.num_experts, v3.top_k, v3.expert_bytes) == (58, 256, 8, 3 * 7168 * 2048 + 3 * 56 * 16 * 4)
     h100 = HARDWARE_PROFILES["h100-pcie5"]
     for m in MODEL_PROFILES.values():  # batch-1 decode layers take tens to hundreds of microseconds
         if m.name != "seqmoe-tiny":  # ours is 12 M parameters: a layer reads 0.5 MB

@@ -9,6 +9,10 @@ Each weight matrix of an expert is quantized in groups of `GROUP` consecutive we
 flattened slice), each group with one float32 scale: symmetric absmax, int8 codes in [-127, 127],
 int4 codes in [-7, 7] (two per byte), or fp8 e4m3 codes (torch's `float8_e4m3fn`, scale =
 absmax / 448). Vectors (biases) stay at the model's dtype.
+
+The formats checkpoints ship in (`SHIPPED`) are priced here too, matrix by matrix as their files store
+them (`matrix_bytes`): the simulator takes them as an expert precision, and `seqmoe.arch.shipped`
+encodes and decodes them.
 """
 
 from __future__ import annotations
@@ -29,15 +33,56 @@ CODE_BITS = {"int8": 8, "int4": 4, "fp8": 8}
 QMAX = {"int8": 127.0, "int4": 7.0, "fp8": 448.0}
 """The largest code magnitude: a group's absmax maps to it."""
 
+SHIPPED = {
+    "fp8-block": "float8 e4m3 codes, a float32 scale (weight_scale_inv) per 128 x 128 block (DeepSeek-V3, Qwen3-FP8)",
+    "mxfp4": "OCP MXFP4: e2m1 codes two a byte, an E8M0 exponent byte per 32 inputs (gpt-oss)",
+    "gptq-int4": "GPTQ 4-bit, groups of 128 inputs: int32-packed codes, float16 scales, packed 4-bit zeros, an "
+                 "int32 group index per input (Qwen's GPTQ-Int4 releases)",
+    "q8_0": "GGUF Q8_0: blocks of 32 inputs, a float16 scale and 32 int8 codes (34 bytes)",
+    "q5_0": "GGUF Q5_0: blocks of 32 inputs in 22 bytes (a float16 scale, 32 5-bit codes); llama.cpp's "
+            "fallback for a Q4_K matrix whose inputs are not a multiple of 256",
+    "q4_k": "GGUF Q4_K: super-blocks of 256 inputs in 144 bytes (float16 d and dmin, eight 6-bit scales and "
+            "mins, 256 4-bit codes)",
+}
+"""The formats checkpoints ship their experts in: what `matrix_bytes` prices, named as `--expert-dtype` takes them."""
+SHIPPED_BLOCK = {"fp8-block": 128, "mxfp4": 32, "gptq-int4": 128, "q8_0": 32, "q5_0": 32, "q4_k": 256}
+"""Inputs per block (per scale) of each shipped format; fp8-block's blocks are that many outputs too."""
+
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
 
 
-def check_precision(precision: str | None) -> str | None:
-    """`precision` when it is None or one of `PRECISIONS`; UserError otherwise."""
-    if precision is not None and precision not in PRECISIONS:
-        raise UserError(f"unknown expert precision {precision!r}; choose one of: {', '.join(PRECISIONS)} "
+def check_precision(precision: str | None, shipped: bool = False) -> str | None:
+    """`precision` when it is None or one of `PRECISIONS` (or, with `shipped`, of `SHIPPED`); UserError otherwise."""
+    known = PRECISIONS + (tuple(SHIPPED) if shipped else ())
+    if precision is not None and precision not in known:
+        raise UserError(f"unknown expert precision {precision!r}; choose one of: {', '.join(known)} "
                         "(or none, to keep the model's)")
     return precision
+
+
+def matrix_bytes(rows: int, cols: int, precision: str) -> int:
+    """Bytes of a [rows (outputs), cols (inputs)] weight matrix stored at `precision` (a runtime one or
+    a shipped one), scales and zero points included; UserError where the format cannot store that shape."""
+    if precision in PRECISIONS:
+        return quantized_bytes(rows * cols, precision)
+    check_precision(precision, shipped=True)
+    block = SHIPPED_BLOCK[precision]
+    if precision == "fp8-block":
+        return rows * cols + -(-rows // block) * -(-cols // block) * 4
+    if cols % block or (precision == "gptq-int4" and rows % 8):
+        raise UserError(f"{precision} stores a matrix's inputs in whole blocks of {block}"
+                        + (" and its outputs in eights" if precision == "gptq-int4" else "")
+                        + f": a [{rows}, {cols}] matrix does not fit; price it at another precision")
+    blocks = rows * cols // block
+    if precision == "mxfp4":
+        return blocks * (block // 2 + 1)
+    if precision == "q8_0":
+        return blocks * (2 + block)
+    if precision == "q5_0":
+        return blocks * 22
+    if precision == "q4_k":
+        return blocks * 144
+    return rows * cols // 2 + blocks * 2 + blocks // 2 + cols * 4  # gptq-int4: codes, scales, zeros, g_idx
 
 
 def quantized_bytes(numel: int, precision: str) -> int:

@@ -5,12 +5,16 @@ each machine's figures from its published specifications (every number cites its
 
 from __future__ import annotations
 
+from seqmoe.costs.precision import matrix_bytes
+
 BF16 = 2
 """Bytes per bf16 parameter."""
 FP8 = 1
 """Bytes per FP8 (e4m3) parameter."""
 MXFP4 = 17 / 32
 """Bytes per MXFP4 parameter: 4-bit values plus one 8-bit scale per 32 values = 4.25 bits."""
+Q4_K = 144 / 256
+"""Bytes per GGUF Q4_K parameter: 144 bytes per super-block of 256 = 4.5 bits."""
 FLOP = 2
 """FLOPs per weight per position (a multiply and an add): a part's FLOPs per position are its byte
 helper below evaluated at 2 "bytes" per parameter, whatever the weights' storage (norm and bias
@@ -18,6 +22,16 @@ vectors count alike, a rounding error beside the matrices). Attention's score FL
 the context, are left out (DeepSeek-V2-Lite at 2,048 positions: about 6 % of a position's FLOPs)."""
 
 
+
+
+def swiglu_shapes(hidden: int, inter: int) -> tuple[tuple[int, int], ...]:
+    """[outputs, inputs] of a SwiGLU expert's gate, up and down matrices as checkpoints store them."""
+    return ((inter, hidden), (inter, hidden), (hidden, inter))
+
+
+def shipped_expert_bytes(shapes, precision: str, vector_bytes: int = 0) -> int:
+    """Bytes of one expert whose matrices `shapes` a checkpoint stores at shipped `precision`, + `vector_bytes`."""
+    return sum(matrix_bytes(a, b, precision) for a, b in shapes) + vector_bytes
 
 
 def _b(params: float, bytes_per_param: float) -> int:
@@ -69,6 +83,11 @@ def output_bytes(vocab: int, hidden: int, bytes_per_param: float = BF16) -> int:
 # ---- presets ------------------------------------------------------------------------------------
 
 
+GPT_OSS_SHAPES = ((2 * 2880, 2880), (2880, 2880))
+"""gpt-oss's expert matrices as its file stores them: gate and up fused ([2 x 2880, 2880] in MXFP4 blocks
+of 32 inputs), down [2880, 2880]."""
+
+
 def model_presets() -> list[dict]:
     presets = []
 
@@ -80,6 +99,7 @@ def model_presets() -> list[dict]:
         name="mixtral-8x7b", num_layers=32, num_experts=8, top_k=2,
         expert_bytes=swiglu_bytes(4096, 14336, BF16),
         expert_params=3 * 4096 * 14336,
+        expert_shapes=swiglu_shapes(4096, 14336),
         layer_bytes=gqa_attention_bytes(4096, 32, 8, 128, BF16) + router_bytes(4096, 8) + norms_bytes(4096),
         token_bytes=output_bytes(32000, 4096),
         layer_flops=gqa_attention_bytes(4096, 32, 8, 128, FLOP) + router_bytes(4096, 8, FLOP) + norms_bytes(4096, 2, FLOP),
@@ -97,6 +117,7 @@ def model_presets() -> list[dict]:
         name="deepseek-v2-lite", num_layers=26, num_experts=64, top_k=6,
         expert_bytes=swiglu_bytes(2048, 1408, BF16),
         expert_params=3 * 2048 * 1408,
+        expert_shapes=swiglu_shapes(2048, 1408),
         layer_bytes=dsv2l_attn + 2 * swiglu_bytes(2048, 1408, BF16) + router_bytes(2048, 64) + norms_bytes(2048),
         token_bytes=dsv2l_attn + swiglu_bytes(2048, 10944, BF16) + norms_bytes(2048) + output_bytes(102400, 2048),
         layer_flops=dsv2l_attn_f + 2 * swiglu_bytes(2048, 1408, FLOP) + router_bytes(2048, 64, FLOP)
@@ -113,6 +134,7 @@ def model_presets() -> list[dict]:
         name="qwen3-30b-a3b", num_layers=48, num_experts=128, top_k=8,
         expert_bytes=swiglu_bytes(2048, 768, BF16),
         expert_params=3 * 2048 * 768,
+        expert_shapes=swiglu_shapes(2048, 768),
         layer_bytes=gqa_attention_bytes(2048, 32, 4, 128, BF16, extra_params=2 * 128)
         + router_bytes(2048, 128) + norms_bytes(2048),
         token_bytes=output_bytes(151936, 2048),
@@ -129,6 +151,7 @@ def model_presets() -> list[dict]:
         name="olmoe-1b-7b", num_layers=16, num_experts=64, top_k=8,
         expert_bytes=swiglu_bytes(2048, 1024, BF16),
         expert_params=3 * 2048 * 1024,
+        expert_shapes=swiglu_shapes(2048, 1024),
         layer_bytes=gqa_attention_bytes(2048, 16, 16, 128, BF16, extra_params=2 * 2048)
         + router_bytes(2048, 64) + norms_bytes(2048),
         token_bytes=output_bytes(50304, 2048),
@@ -147,6 +170,7 @@ def model_presets() -> list[dict]:
         name="gpt-oss-20b", num_layers=24, num_experts=32, top_k=4,
         expert_bytes=swiglu_bytes(2880, 2880, MXFP4, bias_bytes_per_param=BF16),
         expert_params=3 * 2880 * 2880,
+        expert_shapes=GPT_OSS_SHAPES,
         layer_bytes=gqa_attention_bytes(2880, 64, 8, 64, BF16, bias=True, extra_params=64)
         + router_bytes(2880, 32, bias=True) + norms_bytes(2880),
         token_bytes=output_bytes(201088, 2880),
@@ -155,20 +179,72 @@ def model_presets() -> list[dict]:
         head_flops=FLOP * 201088 * 2880,
         source="config.json of openai/gpt-oss-20b (MXFP4 experts, bf16 rest)"))
 
+    # openai/gpt-oss-120b config.json: as gpt-oss-20b but num_hidden_layers=36, num_local_experts=128
+    # (num_experts_per_tok=4, hidden_size=intermediate_size=2880, 64 heads, 8 KV heads of 64).
+    presets.append(dict(
+        name="gpt-oss-120b", num_layers=36, num_experts=128, top_k=4,
+        expert_bytes=shipped_expert_bytes(GPT_OSS_SHAPES, "mxfp4", vector_bytes=3 * 2880 * BF16),
+        expert_params=3 * 2880 * 2880,
+        expert_shapes=GPT_OSS_SHAPES,
+        layer_bytes=gqa_attention_bytes(2880, 64, 8, 64, BF16, bias=True, extra_params=64)
+        + router_bytes(2880, 128, bias=True) + norms_bytes(2880),
+        token_bytes=output_bytes(201088, 2880),
+        layer_flops=gqa_attention_bytes(2880, 64, 8, 64, FLOP, bias=True, extra_params=64)
+        + router_bytes(2880, 128, FLOP, bias=True) + norms_bytes(2880, 2, FLOP),
+        head_flops=FLOP * 201088 * 2880,
+        source="config.json of openai/gpt-oss-120b (MXFP4 experts, bf16 rest)"))
+
+    # Qwen/Qwen3-30B-A3B-FP8: Qwen3-30B-A3B's shapes (above) with quantization_config quant_method=fp8,
+    # fmt=e4m3, weight_block_size=[128, 128]: the linear weights of attention and experts are FP8 with a
+    # float32 scale per 128 x 128 block; router, norms, embedding and lm_head stay bf16. The attention
+    # projections' block scales (+0.02 %) are left out.
+    qwen3_fp8_attn = gqa_attention_bytes(2048, 32, 4, 128, FP8) + 2 * 128 * BF16
+    presets.append(dict(
+        name="qwen3-30b-a3b-fp8", num_layers=48, num_experts=128, top_k=8,
+        expert_bytes=shipped_expert_bytes(swiglu_shapes(2048, 768), "fp8-block"),
+        expert_params=3 * 2048 * 768,
+        expert_shapes=swiglu_shapes(2048, 768),
+        layer_bytes=qwen3_fp8_attn + router_bytes(2048, 128) + norms_bytes(2048),
+        token_bytes=output_bytes(151936, 2048),
+        layer_flops=gqa_attention_bytes(2048, 32, 4, 128, FLOP, extra_params=2 * 128)
+        + router_bytes(2048, 128, FLOP) + norms_bytes(2048, 2, FLOP),
+        head_flops=FLOP * 151936 * 2048,
+        source="config.json of Qwen/Qwen3-30B-A3B-FP8 (FP8 128x128 blocks; router, norms, embeddings bf16)"))
+
+    # DeepSeek-V2-Lite as a Q4_K GGUF (llama.cpp's llama-quantize): the experts' gate and up matrices in
+    # Q4_K; down ([2048, 1408]: 1408 inputs are not a multiple of Q4_K's 256) falls back to Q5_0, as
+    # llama.cpp does for such a tensor. The rest is priced at Q4_K's 4.5 bits (a Q4_K_M file keeps some
+    # tensors at Q6_K and norms at f32: a rounding error beside the experts); shapes as deepseek-v2-lite.
+    dsv2l_q4_attn = mla_attention_bytes(2048, 16, None, 512, 128, 64, 128, Q4_K)
+    dsv2l_q4_shared = 2 * shipped_expert_bytes(swiglu_shapes(2048, 1408)[:2], "q4_k") + 2 * matrix_bytes(2048, 1408, "q5_0")
+    presets.append(dict(
+        name="deepseek-v2-lite-q4_k", num_layers=26, num_experts=64, top_k=6,
+        expert_bytes=shipped_expert_bytes(swiglu_shapes(2048, 1408)[:2], "q4_k") + matrix_bytes(2048, 1408, "q5_0"),
+        expert_params=3 * 2048 * 1408,
+        layer_bytes=dsv2l_q4_attn + dsv2l_q4_shared + router_bytes(2048, 64) + norms_bytes(2048),
+        token_bytes=dsv2l_q4_attn + swiglu_bytes(2048, 10944, Q4_K) + norms_bytes(2048) + output_bytes(102400, 2048, Q4_K),
+        layer_flops=dsv2l_attn_f + 2 * swiglu_bytes(2048, 1408, FLOP) + router_bytes(2048, 64, FLOP)
+        + norms_bytes(2048, 2, FLOP),
+        token_flops=dsv2l_attn_f + swiglu_bytes(2048, 10944, FLOP) + norms_bytes(2048, 2, FLOP),
+        head_flops=FLOP * 102400 * 2048,
+        source="DeepSeek-V2-Lite's config.json in a Q4_K GGUF (experts: gate, up Q4_K; down Q5_0, llama.cpp's fallback)"))
+
     # deepseek-ai/DeepSeek-V3 config.json: num_hidden_layers=61, first_k_dense_replace=3 (dense
     # intermediate_size=18432), n_routed_experts=256, num_experts_per_tok=8, n_shared_experts=1,
     # moe_intermediate_size=2048, hidden_size=7168, num_attention_heads=128, q_lora_rank=1536,
     # kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128,
     # vocab_size=129280, tie_word_embeddings=false; quantization_config fmt=e4m3 (FP8 linear
-    # weights; router, norms, embedding, lm_head bf16). The 128x128 fp32 block scales (+0.02%) and
-    # the multi-token-prediction layer (not used in plain decode) are left out.
+    # weights with weight_block_size [128, 128]; router, norms, embedding, lm_head bf16). The experts'
+    # fp32 block scales are counted; the dense part's (+0.02 %) and the multi-token-prediction layer (not
+    # used in plain decode) are left out.
     dsv3_attn = mla_attention_bytes(7168, 128, 1536, 512, 128, 64, 128, FP8)
     dsv3_dense = dsv3_attn + swiglu_bytes(7168, 18432, FP8) + norms_bytes(7168)
     dsv3_attn_f = mla_attention_bytes(7168, 128, 1536, 512, 128, 64, 128, FLOP, FLOP)
     presets.append(dict(
         name="deepseek-v3", num_layers=58, num_experts=256, top_k=8,
-        expert_bytes=swiglu_bytes(7168, 2048, FP8),
+        expert_bytes=shipped_expert_bytes(swiglu_shapes(7168, 2048), "fp8-block"),
         expert_params=3 * 7168 * 2048,
+        expert_shapes=swiglu_shapes(7168, 2048),
         layer_bytes=dsv3_attn + swiglu_bytes(7168, 2048, FP8) + router_bytes(7168, 256) + norms_bytes(7168),
         token_bytes=3 * dsv3_dense + output_bytes(129280, 7168),
         layer_flops=dsv3_attn_f + swiglu_bytes(7168, 2048, FLOP) + router_bytes(7168, 256, FLOP)
@@ -185,6 +261,7 @@ def model_presets() -> list[dict]:
         name="seqmoe-tiny", num_layers=8, num_experts=32, top_k=4,
         expert_bytes=swiglu_bytes(160, 80, BF16),
         expert_params=3 * 160 * 80,
+        expert_shapes=swiglu_shapes(160, 80),
         layer_bytes=gqa_attention_bytes(160, 5, 5, 32, BF16, extra_params=2 * 160) + router_bytes(160, 32)
         + norms_bytes(160),
         token_bytes=output_bytes(4096, 160),

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqmoe.base.errors import UserError
-from seqmoe.costs.precision import quantized_bytes
+from seqmoe.costs.precision import SHIPPED, check_precision, matrix_bytes
 from seqmoe.costs.presets import hardware_presets, model_presets
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +55,10 @@ class ModelProfile:
     """FLOPs per position outside the MoE layers (dense layers; lm_head apart, in `head_flops`)."""
     head_flops: int = 0
     """FLOPs of the lm_head for one position (a prompt's forward computes it for its last position only)."""
+    expert_shapes: tuple[tuple[int, int], ...] = ()
+    """[outputs, inputs] of each weight matrix of one routed expert, as its checkpoint stores them (e.g.
+    gate, up, down); what a shipped format (`seqmoe.costs.precision.SHIPPED`) is priced by, block by block.
+    Empty: one matrix of `expert_params` weights (runtime precisions only)."""
     source: str = "user file"
     """Where the numbers come from."""
 
@@ -62,6 +66,14 @@ class ModelProfile:
         what = f"model profile '{self.name}'"
         for f in ("num_layers", "num_experts", "top_k", "expert_bytes"):
             _check_number(what, f, getattr(self, f), integer=True, minimum=1)
+        try:  # a file's lists become tuples (the profile stays hashable)
+            shapes = tuple((int(a), int(b)) for a, b in self.expert_shapes)
+        except (TypeError, ValueError):
+            shapes = ()
+        if len(shapes) != len(self.expert_shapes) or any(a < 1 or b < 1 for a, b in shapes):
+            raise UserError(f"{what}: expert_shapes must be [outputs, inputs] pairs of positive integers, got "
+                            f"{self.expert_shapes!r}")
+        object.__setattr__(self, "expert_shapes", shapes)
         for f in ("layer_bytes", "token_bytes", "expert_params", "layer_flops", "token_flops", "head_flops"):
             _check_number(what, f, getattr(self, f), integer=True, minimum=0)
         if self.top_k > self.num_experts:
@@ -72,13 +84,18 @@ class ModelProfile:
         return dataclasses.asdict(self)
 
     def at_precision(self, precision: str | None) -> ModelProfile:
-        """This model with its experts stored at `precision` (`seqmoe.costs.precision`: the runtime's
-        format, vectors such as biases left out); itself for None."""
+        """This model with its experts stored at `precision` (`seqmoe.costs.precision`: a runtime format,
+        or a shipped one priced by `expert_shapes`; vectors such as biases left out); itself for None."""
         if precision is None:
             return self
-        params = self.expert_params or self.expert_bytes // 2
-        return dataclasses.replace(self, name=f"{self.name} ({precision} experts)", expert_params=params,
-                                   expert_bytes=quantized_bytes(params, precision))
+        check_precision(precision, shipped=True)
+        shapes = self.expert_shapes or ((1, self.expert_params or self.expert_bytes // 2),)
+        if precision in SHIPPED and not self.expert_shapes:
+            raise UserError(f"model profile {self.name!r} gives no expert_shapes, which {precision} is priced by "
+                            "(blocks of a matrix's inputs): add them to the profile, or choose int8, int4 or fp8")
+        return dataclasses.replace(self, name=f"{self.name} ({precision} experts)",
+                                   expert_params=sum(a * b for a, b in shapes),
+                                   expert_bytes=sum(matrix_bytes(a, b, precision) for a, b in shapes))
 
 
 @dataclass(frozen=True, kw_only=True)
