@@ -1,0 +1,258 @@
+"""The formats checkpoints ship their experts in, one weight matrix at a time: the tensors a file
+stores for it, and those tensors from and to the matrix's numbers.
+
+    codec = SHIPPED_CODECS["mxfp4"]
+    parts = codec.encode(w)                 # w [n, rows, cols] -> {"blocks": ..., "scales": ...}, as gpt-oss stores them
+    codec.decode(parts, rows, cols)         # [n, rows, cols] float32: the numbers the file means
+    codec.tensors(rows, cols)               # {suffix: (shape, dtype)} of one matrix; their bytes are `matrix_bytes`'
+
+A matrix is [rows (outputs), cols (inputs)], as a linear layer's weight; each format's scales run
+along its inputs (`seqmoe.costs.precision.SHIPPED` says what each holds, `matrix_bytes` prices it).
+`decode` follows each format's published dequantization: FP8 blocks as DeepSeek-V3's and Qwen3-FP8's
+`weight_scale_inv`, MXFP4 as the OCP MX specification and gpt-oss's checkpoints (E8M0 exponents,
+e2m1 codes, the even value in the low nibble), GPTQ as AutoGPTQ's "gptq" checkpoint format (zeros
+stored minus one), GGUF blocks as ggml's `dequantize_row_*`. `encode` writes the same layouts by
+round to nearest (GPTQ's Hessian-guided rounding and llama.cpp's searched Q4_K scales are left out:
+they choose other codes, not another layout); it is how tests write checkpoints in these formats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from seqmoe.costs.precision import SHIPPED_BLOCK
+
+FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+"""The e2m1 value of each 4-bit MXFP4 code."""
+GPTQ_GROUP = SHIPPED_BLOCK["gptq-int4"]
+
+
+@dataclass(frozen=True)
+class Codec:
+    """One shipped format (see the module docstring); `name` is its `--expert-dtype` name."""
+
+    name: str
+
+    @property
+    def block(self) -> int:
+        return SHIPPED_BLOCK[self.name]
+
+    def tensors(self, rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """{suffix: (shape, dtype)} of the tensors a file stores for one [rows, cols] matrix."""
+        b = self.block
+        if self.name == "fp8-block":
+            return {"weight": ((rows, cols), torch.float8_e4m3fn),
+                    "weight_scale_inv": ((-(-rows // b), -(-cols // b)), torch.float32)}
+        if self.name == "mxfp4":
+            return {"blocks": ((rows, cols // b, b // 2), torch.uint8), "scales": ((rows, cols // b), torch.uint8)}
+        if self.name == "gptq-int4":
+            return {"qweight": ((cols // 8, rows), torch.int32), "qzeros": ((cols // b, rows // 8), torch.int32),
+                    "scales": ((cols // b, rows), torch.float16), "g_idx": ((cols,), torch.int32)}
+        return {"": ((rows, cols // b * _GGUF_BLOCK_BYTES[self.name]), torch.uint8)}
+
+    def encode(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The file's tensors (each [n, *shape]) of n matrices `w` [n, rows, cols], rounded to nearest."""
+        return _ENCODE[self.name](w.float())
+
+    def decode(self, parts: dict[str, torch.Tensor], rows: int, cols: int) -> torch.Tensor:
+        """[n, rows, cols] float32: the numbers n matrices' tensors `parts` (each [n, *shape]) stand for."""
+        return _DECODE[self.name](parts, rows, cols)
+
+
+# ---- FP8 with block scales ----------------------------------------------------------------------
+
+def _fp8_encode(w):
+    n, rows, cols = w.shape
+    b = SHIPPED_BLOCK["fp8-block"]
+    padded = torch.zeros((n, -(-rows // b) * b, -(-cols // b) * b))
+    padded[:, :rows, :cols] = w
+    blocks = padded.view(n, padded.shape[1] // b, b, padded.shape[2] // b, b)
+    scale = blocks.abs().amax(dim=(2, 4)) / 448.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = (blocks / scale[:, :, None, :, None]).to(torch.float8_e4m3fn).view(n, padded.shape[1], padded.shape[2])
+    return {"weight": codes[:, :rows, :cols].contiguous(), "weight_scale_inv": scale}
+
+
+def _fp8_decode(parts, rows, cols):
+    scale = parts["weight_scale_inv"].float()
+    b = SHIPPED_BLOCK["fp8-block"]
+    full = scale.repeat_interleave(b, 1).repeat_interleave(b, 2)[:, :rows, :cols]
+    return parts["weight"].float() * full
+
+
+# ---- MXFP4 --------------------------------------------------------------------------------------
+
+def _mxfp4_encode(w):
+    n, rows, cols = w.shape
+    x = w.view(n, rows, cols // 32, 32)
+    amax = x.abs().amax(-1)
+    # the shared exponent: amax's binary exponent minus e2m1's largest (6 = 1.5 x 2^2), per the OCP spec
+    exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0 ** -126))) - 2, torch.full_like(amax, -127))
+    exp = exp.clamp(-127, 127)
+    scaled = x / torch.exp2(exp)[..., None]
+    grid = torch.tensor(FP4_VALUES[:8])
+    mag = (scaled.abs()[..., None] - grid).abs().argmin(-1)  # nearest magnitude (ties to the smaller code)
+    codes = (mag | ((scaled < 0) & (mag > 0)).to(torch.long) << 3).to(torch.uint8)
+    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return {"blocks": blocks, "scales": (exp + 127).to(torch.uint8)}
+
+
+def _mxfp4_decode(parts, rows, cols):
+    blocks, scales = parts["blocks"], parts["scales"]
+    lut = torch.tensor(FP4_VALUES)
+    values = torch.stack((lut[(blocks & 0xF).long()], lut[(blocks >> 4).long()]), -1).flatten(-2)
+    values = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
+    return values.reshape(blocks.shape[0], rows, cols)
+
+
+# ---- GPTQ int4 (AutoGPTQ's "gptq" checkpoint format) --------------------------------------------
+
+def _pack_int32(nibbles: torch.Tensor, dim: int) -> torch.Tensor:
+    """Eight 4-bit values along `dim` into one int32 each, the first in the lowest bits."""
+    v = nibbles.to(torch.int64).unflatten(dim, (-1, 8)) & 0xF
+    shifts = (torch.arange(8) * 4).view([8 if d == dim + 1 else 1 for d in range(v.dim())])
+    packed = (v << shifts).sum(dim + 1)
+    return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+
+
+def _unpack_int32(packed: torch.Tensor, dim: int) -> torch.Tensor:
+    """`_pack_int32`'s inverse: each int32 along `dim` into eight 4-bit values (int64)."""
+    shifts = (torch.arange(8) * 4).view([8 if d == dim + 1 else 1 for d in range(packed.dim() + 1)])
+    return ((packed.to(torch.int64).unsqueeze(dim + 1) >> shifts) & 0xF).flatten(dim, dim + 1)
+
+
+def gptq_encode(w: torch.Tensor, sym: bool = True) -> dict[str, torch.Tensor]:
+    """GPTQ's tensors of `w` [n, rows, cols] in groups of 128 inputs, rounded to nearest: symmetric
+    (zero 8, scale 2 absmax / 15, as GPTQ's sym) or with a zero point per group and output."""
+    n, rows, cols = w.shape
+    g = w.view(n, rows, cols // GPTQ_GROUP, GPTQ_GROUP)
+    if sym:
+        scale = 2 * g.abs().amax(-1) / 15
+        zero = torch.full_like(scale, 8.0)
+    else:
+        lo, hi = g.amin(-1).clamp_max(0), g.amax(-1).clamp_min(0)
+        scale = (hi - lo) / 15
+        # zeros are stored minus one, so a zero of 0 would wrap (AutoGPTQ's format): it starts at 1
+        zero = torch.round(-lo / torch.where(scale > 0, scale, torch.ones_like(scale))).clamp(1, 15)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(torch.float16)
+    q = torch.round(g / scale.float()[..., None] + zero[..., None]).clamp(0, 15).view(n, rows, cols)
+    return {"qweight": _pack_int32(q.transpose(1, 2), 1),                          # [n, cols/8, rows]
+            "qzeros": _pack_int32((zero - 1).transpose(1, 2), 2),                   # [n, cols/128, rows/8]
+            "scales": scale.transpose(1, 2).contiguous(),                           # [n, cols/128, rows]
+            "g_idx": (torch.arange(cols, dtype=torch.int32) // GPTQ_GROUP).expand(n, cols).contiguous()}
+
+
+def _gptq_decode(parts, rows, cols):
+    q = _unpack_int32(parts["qweight"], 1)                                   # [n, cols, rows]
+    zeros = _unpack_int32(parts["qzeros"], 2) + 1                            # [n, groups, rows]
+    g = parts["g_idx"].long()                                                # [n, cols]
+    idx = g[..., None].expand(-1, -1, rows)
+    scale = parts["scales"].float().gather(1, idx)                           # [n, cols, rows]
+    return ((q - zeros.gather(1, idx)).float() * scale).transpose(1, 2).contiguous()
+
+
+# ---- GGUF blocks (ggml's Q8_0, Q5_0, Q4_K) ------------------------------------------------------
+
+_GGUF_BLOCK_BYTES = {"q8_0": 34, "q5_0": 22, "q4_k": 144}
+
+
+def _f16(b: torch.Tensor) -> torch.Tensor:
+    """[..., 2] uint8 (little-endian) -> [...] float32."""
+    return b.contiguous().view(torch.float16)[..., 0].float()
+
+
+def _as_bytes(x: torch.Tensor, dtype) -> torch.Tensor:
+    return x.to(dtype).contiguous().view(torch.uint8).view(*x.shape, -1)
+
+
+def _gguf_blocks(parts, rows, cols, name):
+    raw = parts[""]
+    return raw.view(raw.shape[0], rows, cols // SHIPPED_BLOCK[name], _GGUF_BLOCK_BYTES[name])
+
+
+def _q8_0_encode(w):
+    n, rows, cols = w.shape
+    x = w.view(n, rows, cols // 32, 32)
+    d = x.abs().amax(-1) / 127  # codes from the float32 scale, the float16 one stored (as ggml)
+    inv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
+    q = torch.round(x * inv[..., None]).clamp(-127, 127).to(torch.int8)
+    return {"": torch.cat([_as_bytes(d, torch.float16), q.view(torch.uint8)], -1).view(n, rows, -1)}
+
+
+def _q8_0_decode(parts, rows, cols):
+    b = _gguf_blocks(parts, rows, cols, "q8_0")
+    return (_f16(b[..., :2])[..., None] * b[..., 2:].contiguous().view(torch.int8).float()).view(b.shape[0], rows, cols)
+
+
+def _q5_0_encode(w):
+    n, rows, cols = w.shape
+    x = w.view(n, rows, cols // 32, 32)
+    big = x.gather(-1, x.abs().argmax(-1, keepdim=True))[..., 0]   # the signed value of largest magnitude (ggml)
+    d = big / -16
+    inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
+    q = torch.floor(x * inv[..., None] + 16.5).clamp(0, 31).to(torch.int64)
+    lo = (q[..., :16] & 0xF) | ((q[..., 16:] & 0xF) << 4)
+    qh = ((q >> 4) << torch.arange(32)).sum(-1).to(torch.int64)
+    qh = torch.where(qh >= 2 ** 31, qh - 2 ** 32, qh).to(torch.int32)
+    return {"": torch.cat([_as_bytes(d, torch.float16), _as_bytes(qh, torch.int32), lo.to(torch.uint8)], -1).view(n, rows, -1)}
+
+
+def _q5_0_decode(parts, rows, cols):
+    b = _gguf_blocks(parts, rows, cols, "q5_0")
+    qh = b[..., 2:6].contiguous().view(torch.int32)[..., 0].to(torch.int64) & 0xFFFFFFFF
+    qs = b[..., 6:].to(torch.int64)
+    low = torch.cat([qs & 0xF, qs >> 4], -1)
+    high = ((qh[..., None] >> torch.arange(32)) & 1) << 4
+    return (_f16(b[..., :2])[..., None] * ((low | high) - 16).float()).view(b.shape[0], rows, cols)
+
+
+def _q4_k_encode(w):
+    n, rows, cols = w.shape
+    x = w.view(n, rows, cols // 256, 8, 32)
+    lo, hi = x.amin(-1).clamp_max(0), x.amax(-1).clamp_min(0)
+    scale, mins = (hi - lo) / 15, -lo
+    d = (scale.amax(-1) / 63).to(torch.float16)
+    dmin = (mins.amax(-1) / 63).to(torch.float16)
+    sc = torch.round(scale / torch.where(d.float() > 0, d.float(), torch.ones(()))[..., None]).clamp(0, 63)
+    m = torch.round(mins / torch.where(dmin.float() > 0, dmin.float(), torch.ones(()))[..., None]).clamp(0, 63)
+    step = d.float()[..., None] * sc
+    q = torch.round((x + (dmin.float()[..., None] * m)[..., None]) / torch.where(step > 0, step, torch.ones(()))[..., None])
+    q = q.clamp(0, 15).to(torch.int64)
+    sc, m = sc.to(torch.int64), m.to(torch.int64)
+    packed = torch.empty((n, rows, cols // 256, 12), dtype=torch.int64)  # ggml's get_scale_min_k4, inverted
+    packed[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
+    packed[..., 4:8] = m[..., :4] | ((m[..., 4:] >> 4) << 6)
+    packed[..., 8:12] = (sc[..., 4:] & 0xF) | ((m[..., 4:] & 0xF) << 4)
+    pairs = q.view(n, rows, cols // 256, 4, 2, 32)  # chunk j of 64: sub-block 2j low nibbles, 2j + 1 high
+    qs = (pairs[..., 0, :] | (pairs[..., 1, :] << 4)).flatten(-2)
+    return {"": torch.cat([_as_bytes(d, torch.float16), _as_bytes(dmin, torch.float16), packed.to(torch.uint8),
+                           qs.to(torch.uint8)], -1).view(n, rows, -1)}
+
+
+def _q4_k_decode(parts, rows, cols):
+    b = _gguf_blocks(parts, rows, cols, "q4_k")
+    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    s = b[..., 4:16].to(torch.int64)
+    sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], -1)
+    m = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    qs = b[..., 16:].to(torch.int64).view(*b.shape[:-1], 4, 32)
+    q = torch.stack((qs & 0xF, qs >> 4), -2).view(*b.shape[:-1], 8, 32).float()
+    y = d[..., None, None] * sc[..., None].float() * q - dmin[..., None, None] * m[..., None].float()
+    return y.reshape(b.shape[0], rows, cols)
+
+
+_ENCODE = {"fp8-block": _fp8_encode, "mxfp4": _mxfp4_encode, "gptq-int4": gptq_encode, "q8_0": _q8_0_encode,
+           "q5_0": _q5_0_encode, "q4_k": _q4_k_encode}
+_DECODE = {"fp8-block": _fp8_decode, "mxfp4": _mxfp4_decode, "gptq-int4": _gptq_decode, "q8_0": _q8_0_decode,
+           "q5_0": _q5_0_decode, "q4_k": _q4_k_decode}
+SHIPPED_CODECS = {name: Codec(name) for name in SHIPPED_BLOCK}
+"""Each shipped format's codec, by its `--expert-dtype` name."""
+
+
+def tensor_bytes(codec: Codec, rows: int, cols: int) -> int:
+    """Bytes of the tensors `codec` stores for one [rows, cols] matrix."""
+    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+               for shape, dtype in codec.tensors(rows, cols).values())
