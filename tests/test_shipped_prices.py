@@ -1,6 +1,6 @@
 """The simulator at shipped precision: `--expert-dtype fp8-block|mxfp4|gptq-int4|q8_0|q5_0|q4_k` prices an
 expert at the bytes its file stores (codes, scales, zero points), matrix by matrix from the profile's
-`expert_shapes`; the shipped models are presets; a running model is not offered these names.
+`expert_shapes`; the shipped models are presets.
 Run: pytest tests/test_shipped_prices.py -q
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from seqmoe.base.errors import UserError
-from seqmoe.config import OffloadConfig, SimConfig
+from seqmoe.config import SimConfig
 from seqmoe.costs.precision import matrix_bytes
 from seqmoe.costs.profiles import MODEL_PROFILES, ModelProfile
 from seqmoe.sim.run import load_workload, run_one
@@ -55,11 +55,6 @@ def test_shapes_are_needed_for_a_shipped_format_and_checked():
         ModelProfile(**{**shapeless.to_dict(), "expert_shapes": [[768, 0]]})
     with pytest.raises(UserError, match="unknown expert precision 'nf4'"):
         shapeless.at_precision("nf4")
-
-
-def test_a_running_model_is_not_offered_a_shipped_format():
-    with pytest.raises(UserError, match="'q4_k' is a format checkpoints ship in"):
-        OffloadConfig(expert_dtype="q4_k")
 
 
 def test_a_replay_copies_the_shipped_bytes():

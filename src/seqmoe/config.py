@@ -24,7 +24,7 @@ from seqmoe.brain.manager.miss_paths import DEFAULT_TWIN_BUDGET, check_miss, che
 from seqmoe.brain.manager.placement import check_residency
 from seqmoe.brain.manager.systems import live_systems, system_spec
 from seqmoe.arch.model_dirs import DTYPES, resolve_model_dir
-from seqmoe.costs.precision import PRECISIONS, SHIPPED, check_precision, parse_bytes
+from seqmoe.costs.precision import check_precision, parse_bytes
 from seqmoe.brain.predict.drafters import check_draft
 from seqmoe.brain.admission import ADMISSIONS
 from seqmoe.costs.profiles import HardwareProfile, get_hardware_profile, get_model_profile
@@ -78,9 +78,10 @@ class ManagerConfig:
     """Precision of the expert store: int8, int4 or fp8 (groups of 64 weights with a float32 scale): host
     rows, copies, slots and reads carry the quantized bytes (a running model's experts are quantized once
     at offload, or as each is read from disk with --host-memory; restore() gives them back at this
-    precision, as seqmoe.quantize_experts does); default: the model's. A replay also prices the formats
-    checkpoints ship in (fp8-block, mxfp4, gptq-int4, q8_0, q5_0, q4_k: seqmoe.costs.precision.SHIPPED)
-    from the profile's expert_shapes."""
+    precision, as seqmoe.quantize_experts does); default: the model's (a checkpoint shipped quantized: its
+    format). The formats checkpoints ship in are stores too (fp8-block, mxfp4, gptq-int4, q8_0, q5_0, q4_k:
+    seqmoe.costs.precision.SHIPPED): a running model encodes its experts into one by round to nearest, a
+    replay prices it from the profile's expert_shapes."""
     host_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
     """Host memory for the routed experts, the rest streamed from the checkpoint on disk: a host cache of
     this many bytes (or a size like 8GiB) of expert rows of the store's precision in front of the disk
@@ -293,9 +294,6 @@ class OffloadConfig(ManagerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.expert_dtype in SHIPPED:
-            raise UserError(f"expert_dtype {self.expert_dtype!r} is a format checkpoints ship in, not one a running "
-                            f"model quantizes its experts to: choose one of {', '.join(PRECISIONS)}")
         if self.expert_memory is not None:
             parse_bytes(self.expert_memory, "expert_memory")
             if self.residency is not None:

@@ -53,6 +53,21 @@ def test_the_posted_engine_reads_quantized_rows_exactly(precision):
     assert (logits(model) - want_logits).abs().max().item() <= 1e-4
 
 
+@pytest.mark.parametrize("arch, precision, control", [
+    ("qwen3_moe", "fp8-block", "inline"), ("deepseek_v3", "fp8-block", "thread"), ("mixtral", "mxfp4", "inline"),
+    ("gpt_oss", "mxfp4", "thread"), ("mixtral", "q8_0", "thread"), ("gpt_oss", "q5_0", "inline")])
+def test_a_model_encoded_into_a_shipped_format_equals_the_same_full_model(arch, precision, control):
+    """expert_dtype a shipped format: the experts encoded by round to nearest into the file's layout
+    (`ShippedLayout`), computed as `quantize_experts` with the same format computes; restore gives those."""
+    want_tokens, want_logits = _quantized_reference(arch, precision)
+    model = fresh(arch)
+    rt = offload(model, 0.3, "on-demand-lru", expert_dtype=precision, control=control, miss="auto")
+    assert torch.equal(greedy(model), want_tokens)
+    assert rt.stats()["expert_dtype"] == precision and rt.stats()["misses"] > 0
+    rt.restore()
+    assert (logits(model) - want_logits).abs().max().item() <= 1e-4
+
+
 def test_the_store_and_the_slots_carry_the_quantized_bytes():
     model = fresh("mixtral")
     experts = model_arch(model).moe[0].experts

@@ -100,7 +100,7 @@ class ModelArch:
     def layout(self, experts: torch.nn.Module) -> ExpertLayout:
         """The packed layout of one layer's routed experts module (checked with `check_experts`)."""
         check_experts(experts)
-        return ExpertLayout.of(experts, self.param_names(experts))
+        return ExpertLayout.of(experts, self.param_names(experts), self.family.in_out)
 
 
 def model_arch(model: torch.nn.Module) -> ModelArch:

@@ -42,6 +42,8 @@ class Family:
     """Integer attribute of the router: K, the experts each token is routed to."""
     params: tuple[str, ...] = ("gate_up_proj", "down_proj")
     """The experts module's parameters, each stacked over the E experts ([E, ...]); it may have no others."""
+    in_out: bool = False
+    """Whether the experts' matrices are [inputs, outputs] (a linear's weight transposed)."""
     note: str = ""
     """What is particular about the family (dense layers, shared experts, layouts)."""
 
@@ -58,7 +60,7 @@ FAMILIES: tuple[Family, ...] = (
     Family(name="deepseek_v3", model_types=("deepseek_v3",),
            note="as deepseek_v2; the router's e_score_correction_bias is a buffer of the router, not an expert"),
     Family(name="gpt_oss", model_types=("gpt_oss",), router="router",
-           params=("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"),
+           params=("gate_up_proj", "gate_up_proj_bias", "down_proj", "down_proj_bias"), in_out=True,
            note="gate_up_proj is [E, H, 2I], transposed, gate and up interleaved; per-expert biases"),
 )
 """Every family with its own entry, in the order errors list them."""

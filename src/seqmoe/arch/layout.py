@@ -32,14 +32,17 @@ class ExpertLayout:
     numel: int
     """P: numbers per expert."""
     dtype: torch.dtype
+    in_out: bool = False
+    """Whether the matrices are stored [inputs, outputs] (gpt-oss), not [outputs, inputs] as a linear's weight."""
 
     in_place = True
     """`views` are views of the rows: the parameters' own numbers (a window of slots can be read in place)."""
     compute_dtype = property(lambda self: self.dtype, doc="The dtype the experts compute in.")
 
     @classmethod
-    def of(cls, experts: torch.nn.Module, names: tuple[str, ...]) -> ExpertLayout:
-        """The layout of the stacked parameters `names` of `experts`; UserError if their dtypes differ."""
+    def of(cls, experts: torch.nn.Module, names: tuple[str, ...], in_out: bool = False) -> ExpertLayout:
+        """The layout of the stacked parameters `names` of `experts` (matrices [inputs, outputs] with
+        `in_out`); UserError if their dtypes differ."""
         params = [(n, getattr(experts, n)) for n in names]
         dtypes = {p.dtype for _, p in params}
         if len(dtypes) > 1:
@@ -50,7 +53,7 @@ class ExpertLayout:
             shapes.append(tuple(p.shape[1:]))
             offsets.append(at)
             at += p[0].numel()
-        return cls(tuple(names), tuple(shapes), tuple(offsets), at, dtypes.pop())
+        return cls(tuple(names), tuple(shapes), tuple(offsets), at, dtypes.pop(), in_out)
 
     @property
     def expert_bytes(self) -> int:

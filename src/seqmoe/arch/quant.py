@@ -31,7 +31,9 @@ import torch
 from seqmoe.arch.adapter import model_arch
 from seqmoe.arch.layout import ExpertLayout
 from seqmoe.base.errors import UserError
-from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, check_precision, quantized_bytes
+from seqmoe.arch.shipped import shipped_precision
+from seqmoe.arch.shipped_layout import ShippedLayout
+from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, SHIPPED, check_precision, quantized_bytes
 
 
 def _align(n: int) -> int:
@@ -187,15 +189,24 @@ def _unpack_nibbles(b: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), -1).view(b.shape[0], -1)
 
 
+def store_layout(base: ExpertLayout, precision: str | None):
+    """The rows an expert store of `precision` keeps: `base` (None), a `QuantLayout` (int8, int4, fp8) or a
+    `ShippedLayout` (a format checkpoints ship in, `seqmoe.arch.shipped_layout`)."""
+    if precision is None:
+        return base
+    check_precision(precision, shipped=True)
+    return ShippedLayout.of(base, precision) if precision in SHIPPED else QuantLayout.of(base, precision)
+
+
 def quantize_experts(model: torch.nn.Module, precision: str) -> torch.nn.Module:
     """Replace the routed experts' weights of `model`, in place, by their dequantized values at
     `precision` (the numbers an offloaded model stores and computes with), so that the full-load
     model is the reference of `offload(..., expert_dtype=precision)`. Returns `model`."""
-    check_precision(precision)
+    check_precision(precision, shipped=True)
     arch = model_arch(model)
     for layer in arch.moe:
         experts = layer.experts
-        layout = QuantLayout.of(arch.layout(experts), precision)
+        layout = store_layout(arch.layout(experts), precision)
         rows = torch.empty((experts.num_experts, layout.numel), dtype=torch.uint8)
         layout.pack(experts, rows)
         for name, value in layout.views(rows).items():
@@ -209,6 +220,12 @@ CONVERTED = "seqmoe_experts.json"
 ROWS_SUFFIX = "seqmoe_rows"
 """A converted MoE layer's experts are one [E, B] uint8 tensor, `{experts module path}.seqmoe_rows`."""
 CONVERTED_FORMAT = 1
+
+
+def stored_precision(folder) -> str | None:
+    """The precision a checkpoint folder stores its routed experts at, when not the model's dtype: what
+    `seqmoe convert` wrote, or the format it ships in (`shipped_precision`); None otherwise."""
+    return converted_precision(folder) or shipped_precision(folder)
 
 
 def converted_precision(folder) -> str | None:

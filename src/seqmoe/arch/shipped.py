@@ -18,16 +18,43 @@ they choose other codes, not another layout); it is how tests write checkpoints 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import SHIPPED_BLOCK
 
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 """The e2m1 value of each 4-bit MXFP4 code."""
 GPTQ_GROUP = SHIPPED_BLOCK["gptq-int4"]
+READS = "fp8 with 128 x 128 blocks (DeepSeek-V3, Qwen3-FP8), mxfp4 (gpt-oss) and gptq 4-bit in groups of 128"
+"""The quantized checkpoints `shipped_precision` accepts, as its errors name them."""
+
+
+def shipped_precision(folder) -> str | None:
+    """The shipped format (a `SHIPPED` name) of the checkpoint in `folder` per its config.json's
+    quantization_config; None when it declares none; UserError for a quantization seqmoe does not read."""
+    path = Path(folder) / "config.json"
+    q = json.loads(path.read_text()).get("quantization_config") if path.is_file() else None
+    if not q:
+        return None
+    q = q if isinstance(q, dict) else {}
+    method = q.get("quant_method", "?")
+    if method == "fp8" and list(q.get("weight_block_size") or ()) == [128, 128] and q.get("fmt", "e4m3") == "e4m3":
+        return "fp8-block"
+    if method == "mxfp4":
+        return "mxfp4"
+    if (method == "gptq" and q.get("bits") == 4 and q.get("group_size") == GPTQ_GROUP
+            and q.get("checkpoint_format", "gptq") == "gptq"):
+        return "gptq-int4"
+    shown = ", ".join(f"{k}={q[k]}" for k in ("weight_block_size", "fmt", "bits", "group_size", "checkpoint_format")
+                      if k in q)
+    raise UserError(f"{folder} is quantized by {method}{f' ({shown})' if shown else ''}; seqmoe reads {READS} "
+                    "checkpoints and unquantized ones: use the model's unquantized release")
 
 
 @dataclass(frozen=True)
@@ -67,7 +94,7 @@ class Codec:
 def _fp8_encode(w):
     n, rows, cols = w.shape
     b = SHIPPED_BLOCK["fp8-block"]
-    padded = torch.zeros((n, -(-rows // b) * b, -(-cols // b) * b))
+    padded = w.new_zeros((n, -(-rows // b) * b, -(-cols // b) * b))
     padded[:, :rows, :cols] = w
     blocks = padded.view(n, padded.shape[1] // b, b, padded.shape[2] // b, b)
     scale = blocks.abs().amax(dim=(2, 4)) / 448.0
@@ -93,7 +120,7 @@ def _mxfp4_encode(w):
     exp = torch.where(amax > 0, torch.floor(torch.log2(amax.clamp_min(2.0 ** -126))) - 2, torch.full_like(amax, -127))
     exp = exp.clamp(-127, 127)
     scaled = x / torch.exp2(exp)[..., None]
-    grid = torch.tensor(FP4_VALUES[:8])
+    grid = torch.tensor(FP4_VALUES[:8], device=w.device)
     mag = (scaled.abs()[..., None] - grid).abs().argmin(-1)  # nearest magnitude (ties to the smaller code)
     codes = (mag | ((scaled < 0) & (mag > 0)).to(torch.long) << 3).to(torch.uint8)
     blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
@@ -102,7 +129,7 @@ def _mxfp4_encode(w):
 
 def _mxfp4_decode(parts, rows, cols):
     blocks, scales = parts["blocks"], parts["scales"]
-    lut = torch.tensor(FP4_VALUES)
+    lut = torch.tensor(FP4_VALUES, device=blocks.device)
     values = torch.stack((lut[(blocks & 0xF).long()], lut[(blocks >> 4).long()]), -1).flatten(-2)
     values = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
     return values.reshape(blocks.shape[0], rows, cols)
@@ -113,14 +140,14 @@ def _mxfp4_decode(parts, rows, cols):
 def _pack_int32(nibbles: torch.Tensor, dim: int) -> torch.Tensor:
     """Eight 4-bit values along `dim` into one int32 each, the first in the lowest bits."""
     v = nibbles.to(torch.int64).unflatten(dim, (-1, 8)) & 0xF
-    shifts = (torch.arange(8) * 4).view([8 if d == dim + 1 else 1 for d in range(v.dim())])
+    shifts = (torch.arange(8, device=v.device) * 4).view([8 if d == dim + 1 else 1 for d in range(v.dim())])
     packed = (v << shifts).sum(dim + 1)
     return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
 
 
 def _unpack_int32(packed: torch.Tensor, dim: int) -> torch.Tensor:
     """`_pack_int32`'s inverse: each int32 along `dim` into eight 4-bit values (int64)."""
-    shifts = (torch.arange(8) * 4).view([8 if d == dim + 1 else 1 for d in range(packed.dim() + 1)])
+    shifts = (torch.arange(8, device=packed.device) * 4).view([8 if d == dim + 1 else 1 for d in range(packed.dim() + 1)])
     return ((packed.to(torch.int64).unsqueeze(dim + 1) >> shifts) & 0xF).flatten(dim, dim + 1)
 
 
@@ -142,7 +169,7 @@ def gptq_encode(w: torch.Tensor, sym: bool = True) -> dict[str, torch.Tensor]:
     return {"qweight": _pack_int32(q.transpose(1, 2), 1),                          # [n, cols/8, rows]
             "qzeros": _pack_int32((zero - 1).transpose(1, 2), 2),                   # [n, cols/128, rows/8]
             "scales": scale.transpose(1, 2).contiguous(),                           # [n, cols/128, rows]
-            "g_idx": (torch.arange(cols, dtype=torch.int32) // GPTQ_GROUP).expand(n, cols).contiguous()}
+            "g_idx": (torch.arange(cols, dtype=torch.int32, device=w.device) // GPTQ_GROUP).expand(n, cols).contiguous()}
 
 
 def _gptq_decode(parts, rows, cols):
@@ -195,7 +222,7 @@ def _q5_0_encode(w):
     inv = torch.where(d != 0, 1 / d, torch.zeros_like(d))
     q = torch.floor(x * inv[..., None] + 16.5).clamp(0, 31).to(torch.int64)
     lo = (q[..., :16] & 0xF) | ((q[..., 16:] & 0xF) << 4)
-    qh = ((q >> 4) << torch.arange(32)).sum(-1).to(torch.int64)
+    qh = ((q >> 4) << torch.arange(32, device=w.device)).sum(-1).to(torch.int64)
     qh = torch.where(qh >= 2 ** 31, qh - 2 ** 32, qh).to(torch.int32)
     return {"": torch.cat([_as_bytes(d, torch.float16), _as_bytes(qh, torch.int32), lo.to(torch.uint8)], -1).view(n, rows, -1)}
 
@@ -205,7 +232,7 @@ def _q5_0_decode(parts, rows, cols):
     qh = b[..., 2:6].contiguous().view(torch.int32)[..., 0].to(torch.int64) & 0xFFFFFFFF
     qs = b[..., 6:].to(torch.int64)
     low = torch.cat([qs & 0xF, qs >> 4], -1)
-    high = ((qh[..., None] >> torch.arange(32)) & 1) << 4
+    high = ((qh[..., None] >> torch.arange(32, device=b.device)) & 1) << 4
     return (_f16(b[..., :2])[..., None] * ((low | high) - 16).float()).view(b.shape[0], rows, cols)
 
 
@@ -222,7 +249,7 @@ def _q4_k_encode(w):
     q = torch.round((x + (dmin.float()[..., None] * m)[..., None]) / torch.where(step > 0, step, torch.ones(()))[..., None])
     q = q.clamp(0, 15).to(torch.int64)
     sc, m = sc.to(torch.int64), m.to(torch.int64)
-    packed = torch.empty((n, rows, cols // 256, 12), dtype=torch.int64)  # ggml's get_scale_min_k4, inverted
+    packed = torch.empty((n, rows, cols // 256, 12), dtype=torch.int64, device=w.device)  # ggml's get_scale_min_k4, inverted
     packed[..., 0:4] = sc[..., :4] | ((sc[..., 4:] >> 4) << 6)
     packed[..., 4:8] = m[..., :4] | ((m[..., 4:] >> 4) << 6)
     packed[..., 8:12] = (sc[..., 4:] & 0xF) | ((m[..., 4:] & 0xF) << 4)

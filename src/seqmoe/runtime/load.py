@@ -31,7 +31,7 @@ import torch
 from seqmoe.arch.collect import load_model
 from seqmoe.arch.collect.models import load_tokenizer
 from seqmoe.arch.model_dirs import has_tokenizer_files, resolve_model_dir
-from seqmoe.arch.quant import QuantLayout, converted_precision
+from seqmoe.arch.quant import stored_precision, store_layout
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager import capacity_for
 from seqmoe.brain.manager.placement import capacity_for_bytes
@@ -56,15 +56,15 @@ def load(path, residency: float | None = None, *, host_memory=None, dtype=None, 
     """
     given = {k: v for k, v in (("residency", residency), ("host_memory", host_memory)) if v is not None} | options
     cfg = dataclasses.replace(config, **given) if config is not None else OffloadConfig(**given)
-    stored = converted_precision(path)  # a folder seqmoe convert wrote: its experts stay at its precision
+    stored = stored_precision(path)  # converted by seqmoe, or shipped quantized: its experts stay as they are
     if stored is not None and cfg.expert_dtype not in (None, stored):
-        raise UserError(f"{path} holds {stored} experts (seqmoe convert): they cannot be stored at "
-                        f"{cfg.expert_dtype}; drop expert_dtype, or convert the original checkpoint")
+        raise UserError(f"{path} holds {stored} experts: they cannot be stored at {cfg.expert_dtype}; drop "
+                        "expert_dtype (the experts stay in the file's codes)")
     cfg = dataclasses.replace(cfg, expert_dtype=stored or cfg.expert_dtype)
 
     def check(model, arch, layout):  # both budgets, before the dense part is read
         L, E, K = len(arch.moe), arch.num_experts, arch.top_k
-        layout = layout if cfg.expert_dtype is None else QuantLayout.of(layout, cfg.expert_dtype)  # the store's rows
+        layout = store_layout(layout, cfg.expert_dtype)  # the store's rows
         plan_disk(path, cfg, layout, L, E, K)
         if cfg.residency is not None:
             capacity_for(cfg.residency, L, E, K)
@@ -103,7 +103,7 @@ def load_offloaded(load_cfg: LoadConfig, cfg: OffloadConfig, *, needs: str, prog
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
     cfg = dataclasses.replace(cfg, device=str(device))
     folder = resolve_model_dir(load_cfg.model)
-    if cfg.host_memory is not None or converted_precision(folder):  # experts read from disk, never as a full model
+    if cfg.host_memory is not None or stored_precision(folder):  # experts read from disk, never as a full model
         tokenizer = load_tokenizer(folder)
         if tokenizer is None:
             raise UserError(f"{load_cfg.model}'s tokenizer files do not load; {needs}")

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch import ExpertLayout, ModelArch, model_arch
-from seqmoe.arch.quant import QuantLayout
+from seqmoe.arch.quant import QuantLayout, store_layout
 from seqmoe.brain.policies import LRUPolicy
 from seqmoe.config import DEFAULT_HARDWARE, DEFAULT_RESIDENCY, MEASURED, OffloadConfig
 from seqmoe.base.errors import UserError
@@ -174,7 +174,7 @@ def _plan(model, cfg: OffloadConfig, source=None) -> _Plan:
     if len(set(layouts)) > 1:
         raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
     if cfg.expert_dtype is not None:
-        layouts = [QuantLayout.of(x, cfg.expert_dtype) for x in layouts]
+        layouts = [store_layout(x, cfg.expert_dtype) for x in layouts]
     disk = plan_disk(source, cfg, layouts[0], L, E, K)
     home = next(p.device for p in originals[0].parameters())
     device = resolve_device(cfg.device, torch.device("cpu") if home.type == "meta" else home)  # meta: on disk

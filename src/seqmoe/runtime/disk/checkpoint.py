@@ -10,7 +10,8 @@ stacked parameters (`gate_up_proj` [E, 2I, H], `down_proj` [E, H, I], ...); chec
 either the same way (fused, GPT-OSS: expert e is one contiguous slice of each) or per expert in the
 original format (`{prefix}.{e}.gate_proj.weight` + `up_proj` concatenated along dim 0 give
 `gate_up_proj`; Mixtral calls them w1, w3, w2 under `block_sparse_moe`). Each expert's byte ranges
-are planned once at open, ranges adjacent in a file merged into one read.
+are planned once at open, ranges adjacent in a file merged into one read. A checkpoint shipped quantized
+(a `ShippedLayout`) is read as its own tensors, each into its place in the row (`_shipped_plan`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import torch
 
 from seqmoe.arch.layout import ExpertLayout
 from seqmoe.arch.quant import ROWS_SUFFIX, QuantLayout
+from seqmoe.arch.shipped import SHIPPED_CODECS
+from seqmoe.arch.shipped_layout import ShippedLayout
 from seqmoe.runtime.disk.index import CheckpointChanged, CheckpointIndex
 from seqmoe.runtime.disk.reader import DiskReader, ShortRead
 from seqmoe.base.errors import UserError
@@ -46,6 +49,8 @@ class _Piece:
     dtype: torch.dtype
     dest: int
     numel: int
+    into: torch.dtype | None = None
+    """The dtype the row holds this piece in, from byte `dest` (None: the row's own, `dest` in its elements)."""
 
 
 @dataclass(frozen=True)
@@ -91,9 +96,10 @@ class ExpertFiles:
         plans, keys = [], set()
         if isinstance(layout, QuantLayout):  # a converted checkpoint: its rows as the store keeps them
             plans = [_rows_plans(index, layout, layer, path, num_experts, keys) for layer, path in enumerate(experts_paths)]
+        plan = _shipped_plan if isinstance(layout, ShippedLayout) else _plan
         for layer, path in enumerate(experts_paths if not plans else ()):
             prefix = _experts_prefix(index, path)
-            plans.append([_plan(index, layout, layer, path, prefix, e, num_experts, keys) for e in range(num_experts)])
+            plans.append([plan(index, layout, layer, path, prefix, e, num_experts, keys) for e in range(num_experts)])
         return cls(index, DiskReader(mode), plans, layout, tuple(experts_paths), keys)
 
     @property
@@ -142,7 +148,9 @@ class ExpertFiles:
             return
         buf = self.reader.read(f, r.offset, r.nbytes)
         for p in r.pieces:  # convert (bf16 on disk -> fp32 model, ...) or skip gaps between pieces
-            convert_into(buf[p.rel:p.rel + p.nbytes], p.dtype, out[p.dest:p.dest + p.numel])
+            dst = out[p.dest:p.dest + p.numel] if p.into is None else \
+                out[p.dest:p.dest + p.numel * p.into.itemsize].view(p.into)
+            convert_into(buf[p.rel:p.rel + p.nbytes], p.dtype, dst)
 
     def check(self) -> None:
         """CheckpointChanged unless every checkpoint file is unchanged since open."""
@@ -181,7 +189,7 @@ def convert_into(buf: memoryview, dtype: torch.dtype, dst: torch.Tensor) -> None
 def _direct_ok(r: _Read, dtype: torch.dtype) -> bool:
     at = 0
     for p in r.pieces:
-        if p.dtype != dtype or p.rel != at:
+        if p.dtype != dtype or p.rel != at or p.into is not None:
             return False
         at += p.nbytes
     return at == r.nbytes
@@ -200,12 +208,54 @@ def _experts_prefix(index: CheckpointIndex, path: str) -> str:
 def _plan(index, layout, layer, path, prefix, e, E, keys) -> tuple[_Read, ...]:
     """The merged reads of expert `e`: every layout part located, checked against its shape, then the
     parts sorted by file position and adjacent ones joined."""
-    parts = []  # (file, offset, nbytes, dtype, dest, numel)
+    parts = []  # (file, offset, nbytes, dtype, dest, numel, into)
     for name, shape, dest in zip(layout.names, layout.shapes, layout.offsets):
         for key, entry, off, numel in _locate(index, layer, path, prefix, e, E, name, shape):
             keys.add(key)
-            parts.append((entry.file, off, numel * entry.dtype.itemsize, entry.dtype, dest, numel))
+            parts.append((entry.file, off, numel * entry.dtype.itemsize, entry.dtype, dest, numel, None))
             dest += numel
+    return _merged(parts)
+
+
+def _shipped_plan(index, layout: ShippedLayout, layer, path, prefix, e, E, keys) -> tuple[_Read, ...]:
+    """The reads of expert `e` of a checkpoint shipped in `layout.precision`: each file tensor of each
+    linear (`{prefix}.{e}.gate_proj.weight_scale_inv`, ...; fused `{prefix}.gate_up_proj_blocks` [E, ...]
+    as gpt-oss stores them) into its place in the row; scales of another float dtype converted, vectors
+    to the model's dtype."""
+    codec, parts = SHIPPED_CODECS[layout.precision], []
+    for name, k, r, c in layout.matrices:
+        aliases = _PER_EXPERT[name][k] if name in _PER_EXPERT and not layout.base.in_out else (name,)
+        for suffix, (shape, dtype) in codec.tensors(r, c).items():
+            dest = layout.part(name, k, suffix)[0]
+            fused, cands = f"{prefix}.{name}_{suffix}", [f"{prefix}.{e}.{a}.{suffix}" for a in aliases]
+            key = next((x for x in [fused, *cands] if x in index.tensors), None)
+            if key is None:
+                raise UserError(f"the {layout.precision} checkpoint in {index.folder} has no {suffix} of {name} for "
+                                f"layer {layer} expert {e} ({path}): tried {', '.join([fused, *cands])}")
+            entry, numel = index.tensors[key], math.prod(shape)
+            _check_shape(index, key, entry.shape, (E, *shape) if key == fused else shape, layer, path, e, name)
+            off = entry.offset + (e * numel * entry.dtype.itemsize if key == fused else 0)
+            keys.add(key)
+            if entry.dtype == dtype:  # the codes and scales as stored: bytes into the row
+                parts.append((entry.file, off, numel * dtype.itemsize, torch.uint8, dest, numel * dtype.itemsize, None))
+            elif entry.dtype.is_floating_point and dtype.is_floating_point:  # e.g. bf16 scales
+                parts.append((entry.file, off, numel * entry.dtype.itemsize, entry.dtype, dest, numel, dtype))
+            else:
+                raise UserError(f"checkpoint tensor {key} in {index.folder} is {entry.dtype}; {layout.precision} stores "
+                                f"its {suffix} as {dtype}: the file is not in the format its config.json says")
+    for name, shape in zip(layout.names, layout.shapes):
+        if len(shape) < 2:  # a vector (bias): the model's dtype
+            dest = layout.part(name, -1, "")[0]
+            for key, entry, off, numel in _locate(index, layer, path, prefix, e, E, name, shape):
+                keys.add(key)
+                parts.append((entry.file, off, numel * entry.dtype.itemsize, entry.dtype, dest, numel,
+                              layout.compute_dtype))
+                dest += numel * layout.compute_dtype.itemsize
+    return _merged(parts)
+
+
+def _merged(parts: list[tuple]) -> tuple[_Read, ...]:
+    """`parts` sorted by file position, adjacent ones joined into one read."""
     parts.sort(key=lambda p: (p[0], p[1]))
     reads, group = [], []
     for p in parts:
@@ -235,7 +285,7 @@ def _rows_plans(index, layout: QuantLayout, layer, path, E, keys) -> list[tuple[
 
 def _join(group: list[tuple]) -> _Read:
     file, start = group[0][0], group[0][1]
-    pieces = tuple(_Piece(off - start, nb, dt, dest, n) for _, off, nb, dt, dest, n in group)
+    pieces = tuple(_Piece(off - start, nb, dt, dest, n, into) for _, off, nb, dt, dest, n, into in group)
     end = group[-1][1] + group[-1][2]
     return _Read(file, start, end - start, pieces)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from seqmoe.arch.shipped import shipped_precision
 from seqmoe.runtime.disk.reader import DiskReader, ShortRead
 from seqmoe.base.errors import UserError
 
@@ -69,9 +70,9 @@ class CheckpointIndex:
     @classmethod
     def open(cls, folder) -> CheckpointIndex:
         """Read the headers of `folder`'s safetensors files; UserError for a missing or malformed file
-        or a quantized checkpoint."""
+        or a checkpoint quantized in a format seqmoe does not read."""
         folder = Path(folder)
-        refuse_quantized(folder)
+        shipped_precision(folder)
         paths = _shard_paths(folder)
         stats, tensors = [], {}
         for i, path in enumerate(paths):
@@ -120,18 +121,6 @@ class CheckpointIndex:
             raise CheckpointChanged(f"checkpoint file {self.paths[entry.file]} ends before tensor {key}; it was "
                                     "truncated since the model was loaded: reload the model") from None
         return out
-
-
-def refuse_quantized(folder: Path) -> None:
-    """UserError for a checkpoint whose config.json declares a quantization method."""
-    config = folder / "config.json"
-    if not config.is_file():
-        return
-    q = json.loads(config.read_text()).get("quantization_config")
-    if q:
-        method = q.get("quant_method", "?") if isinstance(q, dict) else "?"
-        raise UserError(f"{folder} is a quantized checkpoint (quantization_config: {method}); streaming quantized "
-                        "checkpoints from disk is not supported yet: give an unquantized (bf16/fp16/fp32) one")
 
 
 def _shard_paths(folder: Path) -> list[Path]:

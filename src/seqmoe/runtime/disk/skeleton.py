@@ -9,7 +9,9 @@ than the routed experts' is read from the checkpoint on its own (its exact key, 
 rename, e.g. Mixtral's `block_sparse_moe`), the non-persistent buffers (rotary `inv_freq`) are
 recomputed by the model's own `_init_weights`, and tied embeddings are tied again. Peak memory is
 the dense part: no expert byte is read here. A folder `seqmoe convert` wrote opens its experts as the
-rows of its precision (`Skeleton.layout` a `QuantLayout`).
+rows of its precision (`Skeleton.layout` a `QuantLayout`), a checkpoint shipped quantized (FP8 blocks,
+MXFP4, GPTQ) as its own codes (a `ShippedLayout`); its quantized dense linears are decoded as they are
+read, as transformers' own loader decodes them.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from pathlib import Path
 import torch
 
 from seqmoe.arch import ExpertLayout, model_arch
-from seqmoe.arch.quant import QuantLayout, converted_precision
+from seqmoe.arch.quant import QuantLayout, store_layout, stored_precision
+from seqmoe.arch.shipped import GPTQ_GROUP, SHIPPED_CODECS, shipped_precision
+from seqmoe.arch.shipped_layout import ShippedLayout
 from seqmoe.base.errors import UserError
 from seqmoe.runtime.disk.checkpoint import ExpertFiles, checkpoint_keys
-from seqmoe.runtime.disk.index import CheckpointIndex, refuse_quantized
+from seqmoe.runtime.disk.index import CheckpointIndex
 from seqmoe.runtime.disk.reader import DiskReader
 
 
@@ -35,7 +39,7 @@ class Skeleton:
     folder: Path
     experts_paths: tuple[str, ...]
     """Per MoE layer (the order of `model_arch(model).moe`), the module path of its routed experts."""
-    layout: ExpertLayout | QuantLayout
+    layout: ExpertLayout | QuantLayout | ShippedLayout
     """The experts' rows as the files hold them."""
     num_experts: int
     index: CheckpointIndex
@@ -68,8 +72,7 @@ def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str |
     if left:
         raise UserError(f"the checkpoint in {folder} lacks {', '.join(left[:8])}{' ...' if len(left) > 8 else ''} "
                         f"({len(left)} model tensors); it was not saved from a {type(model).__name__}")
-    precision = converted_precision(folder)
-    stored = layout if precision is None else QuantLayout.of(layout, precision)
+    stored = store_layout(layout, stored_precision(folder))
     return model.eval(), Skeleton(folder, experts_paths, stored, model_arch(model).num_experts, index, nbytes)
 
 
@@ -80,10 +83,11 @@ def meta_model(folder, dtype: torch.dtype | str | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM  # transformers: only when this runs
 
     folder = Path(folder)
-    refuse_quantized(folder)
     if not (folder / "config.json").is_file():
         raise UserError(f"{folder} has no config.json; give a folder saved by save_pretrained")
+    shipped_precision(folder)  # a quantization seqmoe does not read fails here
     config = AutoConfig.from_pretrained(folder)
+    config.quantization_config = None  # the experts stay in their codes (ShippedLayout), the dense part is decoded
     dtype = _resolve_dtype(dtype if dtype is not None else getattr(config, "dtype", None))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -109,20 +113,41 @@ def _materialise(model: torch.nn.Module, index: CheckpointIndex, skip: set[str],
     reader, files, nbytes = DiskReader(mode), {}, 0
     try:
         for name, meta, is_param in _dense_tensors(model, skip):
-            key = next((k for k in checkpoint_keys(name) if k in index.tensors), None)
-            if key is None:
+            found = _dense_keys(index, name)
+            if found is None:
                 continue  # tied (restored by tie_weights) or truly missing (reported after)
-            entry = index.tensors[key]
-            if entry.shape != tuple(meta.shape):
-                raise UserError(f"checkpoint tensor {key} in {index.folder} has shape {list(entry.shape)}, but the "
-                                f"model's {name} is {list(meta.shape)}: the checkpoint does not match its config.json")
-            value = index.read_tensor(key, reader, files).to(meta.dtype)
-            nbytes += entry.nbytes
-            _set(model, name, value, is_param, meta)
+            precision, keys = found
+            parts = {s: index.read_tensor(k, reader, files) for s, k in keys.items()}
+            nbytes += sum(index.tensors[k].nbytes for k in keys.values())
+            shape, value = tuple(meta.shape), parts.get("")
+            if precision is not None and len(shape) == 2:  # a quantized linear, decoded as its format says
+                want = {s: tuple(t) for s, (t, _) in SHIPPED_CODECS[precision].tensors(*shape).items()}
+                if {s: tuple(t.shape) for s, t in parts.items()} == want:
+                    value = SHIPPED_CODECS[precision].decode({s: t[None] for s, t in parts.items()}, *shape)[0]
+            if value is None or tuple(value.shape) != shape:
+                raise UserError(f"checkpoint tensor {next(iter(keys.values()))} in {index.folder} is shaped unlike "
+                                f"the model's {name} ({list(shape)}): the checkpoint does not match its config.json")
+            _set(model, name, value.to(meta.dtype), is_param, meta)
     finally:
         for f in files.values():
             reader.close(f)
     return nbytes
+
+
+def _dense_keys(index: CheckpointIndex, name: str):
+    """(shipped format or None, {part: checkpoint key}) of model tensor `name` in `index`: the tensor
+    itself ({"": key}), an FP8 weight with its `weight_scale_inv`, or a GPTQ linear's four tensors (parts
+    named as the format's codec names them); None when the checkpoint has none of them."""
+    for key in checkpoint_keys(name):
+        entry = index.tensors.get(key)
+        if entry is not None:
+            if entry.dtype == torch.float8_e4m3fn and key + "_scale_inv" in index.tensors:
+                return "fp8-block", {"weight": key, "weight_scale_inv": key + "_scale_inv"}
+            return None, {"": key}
+        base = key.removesuffix("weight")
+        if key.endswith(".weight") and base + "qweight" in index.tensors:
+            return "gptq-int4", {s: base + s for s in SHIPPED_CODECS["gptq-int4"].tensors(8, GPTQ_GROUP)}
+    return None
 
 
 def _dense_tensors(model: torch.nn.Module, skip: set[str]):
