@@ -77,6 +77,9 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     c.add_argument("src", metavar="SRC", help="the checkpoint folder (save_pretrained's, safetensors), or seqmoe-tiny")
     c.add_argument("dst", metavar="DST", help="the folder to write (must not exist)")
     c.add_argument("--expert-dtype", required=True, choices=PRECISIONS, help="the routed experts' precision")
+    c.add_argument("--requantize", action="store_true", help="convert a checkpoint shipped quantized (fp8 blocks, "
+                   "mxfp4, gptq) too: its experts decoded, then rounded a second time (without this flag refused; "
+                   "seqmoe loads such a checkpoint as it is)")
     c.add_argument("--json", action="store_true", help="print the byte counts as one JSON object")
     c.set_defaults(func=run_convert)
 
@@ -120,7 +123,7 @@ def _mib(n: int) -> str:
 def run_convert(args) -> int:
     from seqmoe.runtime.disk.convert import convert  # torch: only when this runs
 
-    report = convert(args.src, args.dst, args.expert_dtype, progress=progress(args))
+    report = convert(args.src, args.dst, args.expert_dtype, requantize=args.requantize, progress=progress(args))
     if args.json:
         print(json.dumps(dataclasses.asdict(report)))
     else:

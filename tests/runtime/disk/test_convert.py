@@ -66,7 +66,7 @@ def test_convert_refuses_to_overwrite_and_a_failed_convert_leaves_nothing(saved,
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(convert_mod.QuantLayout, "pack_rows", boom)
+    monkeypatch.setattr(convert_mod.QuantLayout, "pack_views", boom)
     with pytest.raises(OSError, match="disk full"):
         convert(src, tmp_path / "dst", "int8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # neither dst nor its hidden partial

@@ -4,7 +4,7 @@ experts kept in the file's codes, offloaded (every expert in the host cache) and
 of 30 % of them), give the tokens and logits of the reference: transformers' own dequantizing load of
 the same file (FP8, MXFP4), or for GPTQ, which transformers cannot read on a CPU without gptqmodel, the
 file decoded by AutoGPTQ's formula (`seqmoe.arch.shipped`, checked bit by bit in tests/arch/test_shipped.py)
-and saved unquantized. The host rows hold the file's bytes.
+and saved unquantized. The host rows hold the file's bytes; `seqmoe convert` rounds them again only when told.
 Run: pytest tests/runtime/disk/test_shipped.py -q
 """
 
@@ -20,8 +20,12 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("accelerate")  # transformers' FP8 loader needs it
 
 import seqmoe  # noqa: E402
+from seqmoe.arch.quant import quantize_experts  # noqa: E402
 from seqmoe.arch.shipped import SHIPPED_CODECS  # noqa: E402
+from seqmoe.base.errors import UserError  # noqa: E402
+from seqmoe.runtime.disk.checkpoint import ExpertFiles  # noqa: E402
 from seqmoe.runtime.disk.index import CheckpointIndex  # noqa: E402
+from seqmoe.runtime.disk.skeleton import meta_model  # noqa: E402
 from tests.arch.collect.tiny_models import _COMMON  # noqa: E402
 
 PROMPT = torch.tensor([[1, 61, 9, 33, 70, 12]])
@@ -174,3 +178,23 @@ def test_a_gptq_checkpoint_gives_its_formulas_tokens_and_keeps_its_bytes(wide, t
     s = _same_as_reference(folder, reference.eval())
     assert s["expert_dtype"] == "gptq-int4"
     assert s["expert_bytes"] == _file_expert_bytes(folder, s["num_layers"], s["num_experts"])
+
+
+def test_convert_requantizes_a_shipped_checkpoint_only_when_told_and_nothing_misreads_its_codes(saved, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    folder = _rewrite(saved("qwen3_moe"), tmp_path / "fp8", FP8_CONFIG, _fp8)
+    with pytest.raises(UserError, match="ships its experts as fp8-block: converting them to int4 rounds them a second time"):
+        seqmoe.convert(folder, tmp_path / "int4", "int4")
+    assert not (tmp_path / "int4").exists()
+    model, paths, base = meta_model(folder)  # the model-dtype layout would read FP8 codes as numbers
+    with pytest.raises(UserError, match="stores its experts as fp8-block, not as the model dtype"):
+        ExpertFiles.open(folder, paths, base, 8)
+    seqmoe.convert(folder, tmp_path / "int4", "int4", requantize=True)
+    reference = quantize_experts(AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval(), "int4")
+    model, runtime = seqmoe.load(tmp_path / "int4", residency=0.3, device="cpu", dtype="float32")
+    try:
+        assert runtime.stats()["expert_dtype"] == "int4"
+        assert torch.equal(model.generate(PROMPT, **GEN), reference.generate(PROMPT, **GEN))
+    finally:
+        runtime.close()

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch.layout import ExpertLayout
-from seqmoe.arch.quant import ROWS_SUFFIX, QuantLayout
+from seqmoe.arch.quant import ROWS_SUFFIX, QuantLayout, stored_precision
 from seqmoe.arch.shipped import SHIPPED_CODECS
 from seqmoe.arch.shipped_layout import ShippedLayout
 from seqmoe.runtime.disk.index import CheckpointChanged, CheckpointIndex
@@ -93,6 +93,11 @@ class ExpertFiles:
         """Map every expert of every layer from `folder`'s headers; UserError for a part not found or
         shaped unlike `layout`, or a quantized checkpoint. `mode`: the DiskReader's ("direct", "buffered")."""
         index = index or CheckpointIndex.open(Path(folder))
+        stored = stored_precision(index.folder)
+        if getattr(layout, "precision", None) != stored:  # another layout would misread the files' codes
+            raise UserError(f"{index.folder} stores its experts as {stored or 'the model dtype'}, not as "
+                            f"{getattr(layout, 'precision', None) or 'the model dtype'}: open them with "
+                            "seqmoe.arch.quant.store_layout(layout, stored_precision(folder)), as seqmoe.load does")
         plans, keys = [], set()
         if isinstance(layout, QuantLayout):  # a converted checkpoint: its rows as the store keeps them
             plans = [_rows_plans(index, layout, layer, path, num_experts, keys) for layer, path in enumerate(experts_paths)]

@@ -26,7 +26,8 @@ import torch
 
 from seqmoe.arch import model_arch
 from seqmoe.arch.model_dirs import resolve_model_dir
-from seqmoe.arch.quant import CONVERTED, CONVERTED_FORMAT, ROWS_SUFFIX, QuantLayout, converted_precision
+from seqmoe.arch.quant import CONVERTED, CONVERTED_FORMAT, ROWS_SUFFIX, QuantLayout, converted_precision, store_layout
+from seqmoe.arch.shipped import shipped_precision
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import check_precision
 from seqmoe.runtime.disk.checkpoint import ExpertFiles
@@ -49,9 +50,10 @@ class ConvertReport:
     dense_bytes: int
 
 
-def convert(src, dst, precision: str, *, progress: bool = False) -> ConvertReport:
+def convert(src, dst, precision: str, *, requantize: bool = False, progress: bool = False) -> ConvertReport:
     """Write `src`'s checkpoint to the new folder `dst` with its routed experts at `precision` (int8, int4,
-    fp8); UserError for a bad precision, a `dst` that exists, or a source that does not load."""
+    fp8); UserError for a bad precision, a `dst` that exists, or a source that does not load. A source
+    shipped quantized (FP8 blocks, MXFP4, GPTQ) is decoded and rounded again only with `requantize`."""
     from safetensors.torch import save_file
     from tqdm import tqdm
 
@@ -63,10 +65,16 @@ def convert(src, dst, precision: str, *, progress: bool = False) -> ConvertRepor
         raise UserError(f"{src} was written by seqmoe convert already; convert the original checkpoint")
     if dst.exists():
         raise UserError(f"{dst} exists; convert writes a new folder and never overwrites one: give another path")
+    shipped = shipped_precision(src)
+    if shipped is not None and not requantize:
+        raise UserError(f"{src} ships its experts as {shipped}: converting them to {precision} rounds them a second "
+                        f"time; pass --requantize (requantize=True) to do it anyway, or load the checkpoint as it is "
+                        "(seqmoe.load, generate and serve keep its codes)")
     model, paths, base = meta_model(src)
     layout, E = QuantLayout.of(base, precision), model_arch(model).num_experts
+    source = store_layout(base, shipped)  # the experts' rows as the files hold them
     index = CheckpointIndex.open(src)
-    files = ExpertFiles.open(src, paths, base, E, index=index)
+    files = ExpertFiles.open(src, paths, source, E, index=index)
     tmp = dst.parent / f".{dst.name}.partial"
     shutil.rmtree(tmp, ignore_errors=True)  # what a killed convert left
     try:
@@ -78,14 +86,15 @@ def convert(src, dst, precision: str, *, progress: bool = False) -> ConvertRepor
         dense_bytes = sum(t.nbytes for t in dense.values())
         del dense
         before = after = 0
-        rows, scratch = torch.empty((E, layout.numel), dtype=torch.uint8), torch.empty((CHUNK, base.numel), dtype=base.dtype)
+        rows = torch.empty((E, layout.numel), dtype=torch.uint8)
+        scratch = torch.empty((CHUNK, source.numel), dtype=source.dtype)
         for layer in tqdm(range(len(paths)), desc=f"convert to {precision}", unit="layer", disable=not progress):
             for start in range(0, E, CHUNK):
                 n = min(CHUNK, E - start)
                 for i in range(n):
                     files.read_into(layer, start + i, scratch[i])
                     before += files.expert_nbytes(layer, start + i)
-                layout.pack_rows(scratch[:n], rows[start:start + n])
+                layout.pack_views(source.views(scratch[:n]), rows[start:start + n])
             name, key = f"experts-{layer:05d}.safetensors", f"{paths[layer]}.{ROWS_SUFFIX}"
             save_file({key: rows}, tmp / name)
             weight_map[key] = name
