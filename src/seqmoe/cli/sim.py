@@ -19,6 +19,7 @@ from seqmoe.brain.manager.systems import ROLES, SYSTEMS, baselines, systems_with
 from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
 from seqmoe.cli.demo import run_demo
 from seqmoe.config import DEFAULT_RESIDENCIES, SimConfig
+from seqmoe.costs.precision import PRECISIONS, SHIPPED
 from seqmoe.costs.profiles import HARDWARE_PROFILES, MODEL_PROFILES, get_hardware_profile
 from seqmoe.sim.ray_sweep import ray_sweep
 from seqmoe.sim.report.plot import plot_results
@@ -183,8 +184,8 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
                        help="comma-separated system names, 'baselines' (default: those that need no forecaster) or 'all'")
     sweep.add_argument("--residencies", default=_RESIDENCIES, help=f"comma-separated residencies (default: {_RESIDENCIES})")
     sweep.add_argument("--expert-dtypes", default="none", metavar="PRECISIONS", help="comma-separated precisions of "
-                       "the expert store (none: the model profile's; int8, int4, fp8); with --memory they compare at "
-                       "equal memory (default: none)")
+                       f"the expert store (none: the model profile's; {', '.join(PRECISIONS)}, or a format checkpoints "
+                       f"ship in: {', '.join(SHIPPED)}); with --memory they compare at equal memory (default: none)")
     _add_prompt_lengths(sweep)
     sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
     sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")

@@ -91,7 +91,8 @@ class ExpertFiles:
     def open(cls, folder, experts_paths, layout: ExpertLayout, num_experts: int, *,
              mode: str | None = None, index: CheckpointIndex | None = None) -> ExpertFiles:
         """Map every expert of every layer from `folder`'s headers; UserError for a part not found or
-        shaped unlike `layout`, or a quantized checkpoint. `mode`: the DiskReader's ("direct", "buffered")."""
+        shaped unlike `layout`, a quantization seqmoe does not read, or a layout other than the one the
+        folder stores. `mode`: the DiskReader's ("direct", "buffered")."""
         index = index or CheckpointIndex.open(Path(folder))
         stored = stored_precision(index.folder)
         if getattr(layout, "precision", None) != stored:  # another layout would misread the files' codes

@@ -56,7 +56,7 @@ def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str |
     """(model, Skeleton): the `*ForCausalLM` of `folder` in eval mode, with its routed experts' parameters
     on the meta device and everything else read from the checkpoint. `dtype`: the model's (default: the
     config's, else float32). `check(model, arch, layout)`: runs on the meta model, before anything is
-    read (budgets fail first). UserError for a quantized checkpoint or model keys the checkpoint lacks."""
+    read (budgets fail first). UserError for a quantization seqmoe does not read or model keys the checkpoint lacks."""
     folder = Path(folder)
     model, experts_paths, layout = meta_model(folder, dtype)
     if check is not None:
