@@ -35,6 +35,24 @@ READS = "fp8 with 128 x 128 blocks (DeepSeek-V3, Qwen3-FP8), mxfp4 (gpt-oss) and
 """The quantized checkpoints `shipped_precision` accepts, as its errors name them."""
 
 
+def _fp4_experts(folder: Path) -> bool:
+    """Whether an FP8 checkpoint packs its routed experts as FP4 (an expert linear's `weight` int8 or uint8,
+    two e2m1 codes a byte, with uint8 E8M0 exponents per 32 inputs as its `weight_scale_inv`)."""
+    from safetensors import safe_open  # read the header of the shard holding one expert weight
+
+    index = folder / "model.safetensors.index.json"
+    where = json.loads(index.read_text()).get("weight_map", {}) if index.is_file() else None
+    names = where or {}
+    if where is None and (folder / "model.safetensors").is_file():
+        with safe_open(folder / "model.safetensors", "pt") as f:
+            names = dict.fromkeys(f.keys(), "model.safetensors")
+    key = next((k for k in names if ".experts." in k and k.endswith(".weight")), None)
+    if key is None:
+        return False
+    with safe_open(folder / names[key], "pt") as f:
+        return f.get_slice(key).get_dtype() in ("I8", "U8")
+
+
 def shipped_precision(folder) -> str | None:
     """The shipped format (a `SHIPPED` name) of the checkpoint in `folder` per its config.json's
     quantization_config; None when it declares none; UserError for a quantization seqmoe does not read."""
@@ -45,7 +63,7 @@ def shipped_precision(folder) -> str | None:
     q = q if isinstance(q, dict) else {}
     method = q.get("quant_method", "?")
     if method == "fp8" and list(q.get("weight_block_size") or ()) == [128, 128] and q.get("fmt", "e4m3") == "e4m3":
-        return "fp8-block"
+        return "mxfp4" if _fp4_experts(Path(folder)) else "fp8-block"
     if method == "mxfp4":
         return "mxfp4"
     if (method == "gptq" and q.get("bits") == 4 and q.get("group_size") == GPTQ_GROUP

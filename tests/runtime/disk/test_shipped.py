@@ -1,5 +1,5 @@
 """Checkpoints as they ship (issue 41): tiny checkpoints written in FP8 with 128 x 128 blocks (DeepSeek-V3 /
-Qwen3-FP8 keys), MXFP4 (gpt-oss's keys) and GPTQ int4 (AutoGPTQ's keys), loaded by seqmoe with their
+Qwen3-FP8 keys), MXFP4 (gpt-oss's keys, and per-expert FP4 codes in an FP8 release) and GPTQ int4 (AutoGPTQ's keys), loaded by seqmoe with their
 experts kept in the file's codes, offloaded (every expert in the host cache) and streamed (a host cache
 of 30 % of them), give the tokens and logits of the reference: transformers' own dequantizing load of
 the same file (FP8, MXFP4), or for GPTQ, which transformers cannot read on a CPU without gptqmodel, the
@@ -69,6 +69,18 @@ def _mxfp4(sd):  # gpt-oss: fused [E, in, out] parameters stored as [E, out, in 
             out[k + "_blocks"], out[k + "_scales"] = parts["blocks"], parts["scales"]
         else:
             out[k] = v
+    return out
+
+
+def _fp8_fp4_experts(sd):
+    """FP8 attention, the experts packed as FP4 under the same fp8 config (codes as `weight` int8 [rows,
+    cols / 2], E8M0 exponents as `weight_scale_inv`), as transformers' FP8 loader reads them."""
+    out = _fp8({k: v for k, v in sd.items() if ".experts." not in k})
+    for k, v in sd.items():
+        if ".experts." in k:
+            parts = SHIPPED_CODECS["mxfp4"].encode(v[None])
+            out[k] = parts["blocks"][0].reshape(v.shape[0], -1).view(torch.int8)
+            out[k + "_scale_inv"] = parts["scales"][0]
     return out
 
 
@@ -167,6 +179,18 @@ def test_an_mxfp4_gpt_oss_checkpoint_gives_transformers_tokens_and_keeps_its_byt
     codes = _file_expert_bytes(folder, s["num_layers"], s["num_experts"], lambda k: k.endswith(("_blocks", "_scales")))
     biases = (2 * 64 + 32) * 4  # gate_up and down biases, at the model's float32
     assert s["expert_bytes"] == codes + biases
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_fp4_experts_of_an_fp8_checkpoint_give_transformers_tokens(wide, tmp_path, arch):
+    """The second MXFP4 layout: per-expert FP4 codes and E8M0 scales in an FP8 release (not gpt-oss's keys)."""
+    from transformers import AutoModelForCausalLM
+
+    folder = _rewrite(wide[arch], tmp_path / "fp4", FP8_CONFIG, _fp8_fp4_experts)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    s = _same_as_reference(folder, reference)
+    assert s["expert_dtype"] == "mxfp4"
+    assert s["expert_bytes"] == _file_expert_bytes(folder, s["num_layers"], s["num_experts"])
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])

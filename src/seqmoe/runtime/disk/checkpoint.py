@@ -223,6 +223,11 @@ def _plan(index, layout, layer, path, prefix, e, E, keys) -> tuple[_Read, ...]:
     return _merged(parts)
 
 
+_FILE_SUFFIX = {("mxfp4", "blocks"): ("blocks", "weight"), ("mxfp4", "scales"): ("scales", "weight_scale_inv")}
+"""A codec tensor's per-expert names in files: FP8 checkpoints that pack their experts as FP4 store the codes
+as `weight` ([rows, cols / 2] int8) and the E8M0 exponents as `weight_scale_inv` (transformers reads them so)."""
+
+
 def _shipped_plan(index, layout: ShippedLayout, layer, path, prefix, e, E, keys) -> tuple[_Read, ...]:
     """The reads of expert `e` of a checkpoint shipped in `layout.precision`: each file tensor of each
     linear (`{prefix}.{e}.gate_proj.weight_scale_inv`, ...; fused `{prefix}.gate_up_proj_blocks` [E, ...]
@@ -233,16 +238,19 @@ def _shipped_plan(index, layout: ShippedLayout, layer, path, prefix, e, E, keys)
         aliases = _PER_EXPERT[name][k] if name in _PER_EXPERT and not layout.base.in_out else (name,)
         for suffix, (shape, dtype) in codec.tensors(r, c).items():
             dest = layout.part(name, k, suffix)[0]
-            fused, cands = f"{prefix}.{name}_{suffix}", [f"{prefix}.{e}.{a}.{suffix}" for a in aliases]
+            fused = f"{prefix}.{name}_{suffix}"
+            cands = [f"{prefix}.{e}.{a}.{s}" for a in aliases for s in _FILE_SUFFIX.get((layout.precision, suffix), (suffix,))]
             key = next((x for x in [fused, *cands] if x in index.tensors), None)
             if key is None:
                 raise UserError(f"the {layout.precision} checkpoint in {index.folder} has no {suffix} of {name} for "
                                 f"layer {layer} expert {e} ({path}): tried {', '.join([fused, *cands])}")
             entry, numel = index.tensors[key], math.prod(shape)
-            _check_shape(index, key, entry.shape, (E, *shape) if key == fused else shape, layer, path, e, name)
+            if key == fused or entry.numel != numel:  # per-expert FP4 codes are [rows, cols / 2]: the same bytes
+                _check_shape(index, key, entry.shape, (E, *shape) if key == fused else shape, layer, path, e, name)
             off = entry.offset + (e * numel * entry.dtype.itemsize if key == fused else 0)
             keys.add(key)
-            if entry.dtype == dtype:  # the codes and scales as stored: bytes into the row
+            if entry.dtype.itemsize == dtype.itemsize and not (entry.dtype.is_floating_point or dtype.is_floating_point) \
+                    or entry.dtype == dtype:  # the codes and scales as stored (int8 or uint8 alike): bytes into the row
                 parts.append((entry.file, off, numel * dtype.itemsize, torch.uint8, dest, numel * dtype.itemsize, None))
             elif entry.dtype.is_floating_point and dtype.is_floating_point:  # e.g. bf16 scales
                 parts.append((entry.file, off, numel * entry.dtype.itemsize, entry.dtype, dest, numel, dtype))
