@@ -1,6 +1,6 @@
 """The runtime's options composed: storage x precision x control x batch x miss path, on three tiny
 architectures, with the default system; each combination gives the greedy tokens of the same model at
-full load (int4: `quantize_experts`'s), so that a change that breaks one combination fails by name.
+full load (int4 and fp8-block: `quantize_experts`'s), so that a change that breaks one combination fails by name.
 Run: pytest tests/runtime/test_matrix.py -q
 """
 
@@ -23,6 +23,7 @@ HW = dataclasses.replace(TEST_HW, host_memory_bytes_per_s=5e9, host_cores=8)  # 
 PROMPTS = torch.tensor([[0, 0, 1, 17, 42, 5], [1, 61, 9, 33, 70, 12], [0, 3, 8, 44, 2, 90]])
 MASK = (torch.arange(6) >= torch.tensor([[2], [0], [1]])).long()  # left padding
 GEN = dict(max_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
+PRECISIONS = (None, "int4", "fp8-block")  # the checkpoint's, seqmoe's groups, a shipped format's layout
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def checkpoints(tmp_path_factory):
         save_tiny_checkpoint(arch, folder, tokenizer=False)
         full = AutoModelForCausalLM.from_pretrained(folder).eval()
         want = {}
-        for precision in (None, "int4"):
+        for precision in PRECISIONS:
             model = full if precision is None else seqmoe.quantize_experts(copy.deepcopy(full), precision)
             want[precision] = {1: _generate(model, 1), 3: _generate(model, 3)}
         out[arch] = (folder, full, want)
@@ -60,7 +61,7 @@ def _host_bytes(full, share: float) -> int:
 @pytest.mark.parametrize("miss", ["copy", "auto"])
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("control", ["inline", "thread"])
-@pytest.mark.parametrize("precision", [None, "int4"])
+@pytest.mark.parametrize("precision", PRECISIONS)
 @pytest.mark.parametrize("storage", ["host", "disk"])
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_combination_gives_the_full_models_tokens(checkpoints, arch, storage, precision, control, batch, miss):
