@@ -41,6 +41,11 @@ def test_shipped_presets_are_their_base_models_at_the_shipped_format():
     assert q4.expert_bytes == 2 * matrix_bytes(1408, 2048, "q4_k") + matrix_bytes(2048, 1408, "q5_0")
     with pytest.raises(UserError, match="whole blocks of 256"):  # the down matrix: llama.cpp falls back too
         MODEL_PROFILES["deepseek-v2-lite"].at_precision("q4_k")
+    assert MODEL_PROFILES["deepseek-v2-lite"].at_precision("q4_k/q4_k/q5_0").expert_bytes == q4.expert_bytes
+    with pytest.raises(UserError, match="names 2 formats, but an expert has 3 weight matrices"):
+        MODEL_PROFILES["deepseek-v2-lite"].at_precision("q4_k/q5_0")
+    with pytest.raises(UserError, match="unknown expert precision 'q4_k/q3_k'"):
+        MODEL_PROFILES["deepseek-v2-lite"].at_precision("q4_k/q3_k")
     # the runtime formats price alike with or without shapes (every matrix a whole number of groups)
     for p in ("int8", "int4", "fp8"):
         shapeless = ModelProfile(**{**base.to_dict(), "expert_shapes": ()})

@@ -55,7 +55,8 @@ def test_the_posted_engine_reads_quantized_rows_exactly(precision):
 
 @pytest.mark.parametrize("arch, precision, control", [
     ("qwen3_moe", "fp8-block", "inline"), ("deepseek_v3", "fp8-block", "thread"), ("mixtral", "mxfp4", "inline"),
-    ("gpt_oss", "mxfp4", "thread"), ("mixtral", "q8_0", "thread"), ("gpt_oss", "q5_0", "inline")])
+    ("gpt_oss", "mxfp4", "thread"), ("mixtral", "q8_0", "thread"), ("gpt_oss", "q5_0", "inline"),
+    ("mixtral", "q8_0/mxfp4/q5_0", "thread")])  # one format per matrix (gate, up, down), as GGUF files mix them
 def test_a_model_encoded_into_a_shipped_format_equals_the_same_full_model(arch, precision, control):
     """expert_dtype a shipped format: the experts encoded by round to nearest into the file's layout
     (`ShippedLayout`), computed as `quantize_experts` with the same format computes; restore gives those."""

@@ -33,7 +33,7 @@ from seqmoe.arch.layout import ExpertLayout
 from seqmoe.base.errors import UserError
 from seqmoe.arch.shipped import shipped_precision
 from seqmoe.arch.shipped_layout import ShippedLayout
-from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, SHIPPED, check_precision, quantized_bytes
+from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, check_precision, is_shipped, quantized_bytes
 
 
 def _align(n: int) -> int:
@@ -195,7 +195,7 @@ def store_layout(base: ExpertLayout, precision: str | None):
     if precision is None:
         return base
     check_precision(precision, shipped=True)
-    return ShippedLayout.of(base, precision) if precision in SHIPPED else QuantLayout.of(base, precision)
+    return ShippedLayout.of(base, precision) if is_shipped(precision) else QuantLayout.of(base, precision)
 
 
 def quantize_experts(model: torch.nn.Module, precision: str) -> torch.nn.Module:

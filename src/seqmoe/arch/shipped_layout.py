@@ -2,7 +2,7 @@
 (`seqmoe.arch.shipped`), the file's own tensors byte for byte; same interface as `QuantLayout`.
 
     layout = ShippedLayout.of(arch.layout(experts), "fp8-block")   # or quant.store_layout(base, precision)
-    layout.matrices                 # [(param, piece, rows, cols)]: the linears the file stores, in row order
+    layout.matrices                 # [(param, piece, rows, cols, format)]: the linears the file stores, in row order
     layout.part("gate_up_proj", 0, "weight_scale_inv")   # (offset, shape, dtype) of one file tensor in the row
     layout.views(rows)              # {"gate_up_proj": [n, 2I, H], ...}: decoded, the model's dtype
 
@@ -10,7 +10,8 @@ A stacked parameter is stored as the linears its checkpoint has: a `gate_up_proj
 [I, H] matrices, gate then up (each with its own blocks, as files store gate_proj and up_proj),
 except in a family whose matrices are [inputs, outputs] (gpt-oss), whose file stores the fused,
 interleaved gate_up [2I, H] as one matrix (the parameter transposed). Vectors (biases) are kept at the
-model's dtype. Each file tensor starts 4-byte aligned in the row. `pack` encodes a model's experts by
+model's dtype. Each file tensor starts 4-byte aligned in the row. Each linear may have its own format
+(a GGUF file's mix, e.g. `q4_k/q4_k/q5_0` for gate, up, down). `pack` encodes a model's experts by
 round to nearest (what `--expert-dtype mxfp4` etc. store); a checkpoint shipped in the format fills the
 same rows with its own bytes (`seqmoe.runtime.disk.checkpoint`).
 """
@@ -24,6 +25,7 @@ import torch
 
 from seqmoe.arch.layout import ExpertLayout
 from seqmoe.arch.shipped import SHIPPED_CODECS
+from seqmoe.costs.precision import shipped_formats
 
 
 def _align(n: int) -> int:
@@ -36,8 +38,9 @@ class ShippedLayout:
 
     base: ExpertLayout
     precision: str
-    matrices: tuple[tuple[str, int, int, int], ...]
-    """(parameter, piece, rows, cols) of each linear, in row order."""
+    """A shipped format, or one per matrix ("q4_k/q4_k/q5_0": `seqmoe.costs.precision.shipped_formats`)."""
+    matrices: tuple[tuple[str, int, int, int, str], ...]
+    """(parameter, piece, rows, cols, format) of each linear, in row order."""
     offsets: dict
     """(parameter, piece, tensor suffix) -> (offset, shape, dtype) in the row; (parameter, -1, "") -> a vector's."""
     numel: int
@@ -49,21 +52,23 @@ class ShippedLayout:
 
     @classmethod
     def of(cls, base: ExpertLayout, precision: str) -> ShippedLayout:
-        codec = SHIPPED_CODECS[precision]
-        matrices, offsets, at = [], {}, 0
+        linears = []
+        for name, shape in zip(base.names, base.shapes):
+            if len(shape) >= 2:
+                rows, cols = (shape[1], shape[0]) if base.in_out else shape
+                pieces = 2 if name == "gate_up_proj" and not base.in_out else 1
+                linears += [(name, k, rows // pieces, cols) for k in range(pieces)]
+        matrices = tuple(m + (f,) for m, f in zip(linears, shipped_formats(precision, len(linears))))
+        offsets, at = {}, 0
         for name, shape in zip(base.names, base.shapes):
             if len(shape) < 2:
                 offsets[(name, -1, "")] = (at, tuple(shape), base.dtype)
                 at += _align(math.prod(shape) * base.dtype.itemsize)
-                continue
-            rows, cols = (shape[1], shape[0]) if base.in_out else shape
-            pieces = 2 if name == "gate_up_proj" and not base.in_out else 1
-            for k in range(pieces):
-                matrices.append((name, k, rows // pieces, cols))
-                for suffix, (tshape, tdtype) in codec.tensors(rows // pieces, cols).items():
+            for _, k, r, c, f in (m for m in matrices if m[0] == name):
+                for suffix, (tshape, tdtype) in SHIPPED_CODECS[f].tensors(r, c).items():
                     offsets[(name, k, suffix)] = (at, tshape, tdtype)
                     at += _align(math.prod(tshape) * tdtype.itemsize)
-        return cls(base, precision, tuple(matrices), offsets, at)
+        return cls(base, precision, matrices, offsets, at)
 
     def __hash__(self) -> int:
         return hash((self.base, self.precision))
@@ -91,10 +96,10 @@ class ShippedLayout:
     def views(self, rows: torch.Tensor) -> dict[str, torch.Tensor]:
         """The parameters of an n-expert module decoded from `rows` [n, B] ({name: [n, *shape]}, new
         tensors in the model's dtype)."""
-        codec, out, pieces = SHIPPED_CODECS[self.precision], {}, {}
-        for name, k, r, c in self.matrices:
-            parts = {s: self._tensor(rows, (name, k, s)) for s in codec.tensors(r, c)}
-            pieces.setdefault(name, []).append(codec.decode(parts, r, c))
+        out, pieces = {}, {}
+        for name, k, r, c, f in self.matrices:
+            parts = {s: self._tensor(rows, (name, k, s)) for s in SHIPPED_CODECS[f].tensors(r, c)}
+            pieces.setdefault(name, []).append(SHIPPED_CODECS[f].decode(parts, r, c))
         for name, shape in zip(self.names, self.shapes):
             if len(shape) < 2:
                 w = self._tensor(rows, (name, -1, ""))
@@ -114,7 +119,6 @@ class ShippedLayout:
 
     def pack_views(self, views: dict[str, torch.Tensor], out: torch.Tensor) -> None:
         """Encode n experts' parameters `views` ({name: [n, *shape]}) into `out` [n, B] uint8."""
-        codec = SHIPPED_CODECS[self.precision]
         for name, shape in zip(self.names, self.shapes):
             w = views[name]
             if len(shape) < 2:
@@ -122,8 +126,8 @@ class ShippedLayout:
                 continue
             w = w.transpose(1, 2) if self.base.in_out else w
             mats = [m for m in self.matrices if m[0] == name]
-            for (_, k, r, _c), piece in zip(mats, w.split(w.shape[1] // len(mats), 1)):
-                for suffix, t in codec.encode(piece).items():
+            for (_, k, _r, _c, f), piece in zip(mats, w.split(w.shape[1] // len(mats), 1)):
+                for suffix, t in SHIPPED_CODECS[f].encode(piece).items():
                     self._write(out, (name, k, suffix), t)
 
     def _write(self, out: torch.Tensor, key, t: torch.Tensor) -> None:

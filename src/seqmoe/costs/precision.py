@@ -52,12 +52,36 @@ _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 
 
 
 def check_precision(precision: str | None, shipped: bool = False) -> str | None:
-    """`precision` when it is None or one of `PRECISIONS` (or, with `shipped`, of `SHIPPED`); UserError otherwise."""
+    """`precision` when it is None or one of `PRECISIONS` (or, with `shipped`, of `SHIPPED`, or shipped
+    formats per matrix: `shipped_formats`); UserError otherwise."""
     known = PRECISIONS + (tuple(SHIPPED) if shipped else ())
-    if precision is not None and precision not in known:
+    if precision is not None and precision not in known and not (shipped and _mixed(precision)):
         raise UserError(f"unknown expert precision {precision!r}; choose one of: {', '.join(known)} "
-                        "(or none, to keep the model's)")
+                        + ("or one shipped format per matrix, e.g. q4_k/q4_k/q5_0 " if shipped else "")
+                        + "(or none, to keep the model's)")
     return precision
+
+
+def _mixed(precision) -> bool:
+    parts = precision.split("/") if isinstance(precision, str) else ()
+    return len(parts) > 1 and all(p in SHIPPED for p in parts)
+
+
+def is_shipped(precision: str | None) -> bool:
+    """Whether `precision` names a shipped format, or one per matrix (`shipped_formats`)."""
+    return precision in SHIPPED or _mixed(precision)
+
+
+def shipped_formats(precision: str, matrices: int) -> tuple[str, ...]:
+    """The format of each of an expert's `matrices` weight matrices (in checkpoint order: gate, up, down):
+    one shipped format for all, or one per matrix joined by "/" (a GGUF file's mix, e.g. q4_k/q4_k/q5_0)."""
+    parts = tuple(precision.split("/"))
+    if len(parts) == 1:
+        return parts * matrices
+    if len(parts) != matrices:
+        raise UserError(f"expert precision {precision!r} names {len(parts)} formats, but an expert has {matrices} "
+                        "weight matrices: give one format, or one per matrix")
+    return parts
 
 
 def matrix_bytes(rows: int, cols: int, precision: str) -> int:

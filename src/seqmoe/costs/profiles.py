@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqmoe.base.errors import UserError
-from seqmoe.costs.precision import SHIPPED, check_precision, matrix_bytes
+from seqmoe.costs.precision import check_precision, is_shipped, matrix_bytes, shipped_formats
 from seqmoe.costs.presets import hardware_presets, model_presets
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,12 +90,13 @@ class ModelProfile:
             return self
         check_precision(precision, shipped=True)
         shapes = self.expert_shapes or ((1, self.expert_params or self.expert_bytes // 2),)
-        if precision in SHIPPED and not self.expert_shapes:
+        if is_shipped(precision) and not self.expert_shapes:
             raise UserError(f"model profile {self.name!r} gives no expert_shapes, which {precision} is priced by "
                             "(blocks of a matrix's inputs): add them to the profile, or choose int8, int4 or fp8")
+        formats = shipped_formats(precision, len(shapes)) if is_shipped(precision) else (precision,) * len(shapes)
         return dataclasses.replace(self, name=f"{self.name} ({precision} experts)",
                                    expert_params=sum(a * b for a, b in shapes),
-                                   expert_bytes=sum(matrix_bytes(a, b, precision) for a, b in shapes))
+                                   expert_bytes=sum(matrix_bytes(a, b, f) for (a, b), f in zip(shapes, formats)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -233,13 +233,13 @@ def _shipped_plan(index, layout: ShippedLayout, layer, path, prefix, e, E, keys)
     linear (`{prefix}.{e}.gate_proj.weight_scale_inv`, ...; fused `{prefix}.gate_up_proj_blocks` [E, ...]
     as gpt-oss stores them) into its place in the row; scales of another float dtype converted, vectors
     to the model's dtype."""
-    codec, parts = SHIPPED_CODECS[layout.precision], []
-    for name, k, r, c in layout.matrices:
+    parts = []
+    for name, k, r, c, f in layout.matrices:
         aliases = _PER_EXPERT[name][k] if name in _PER_EXPERT and not layout.base.in_out else (name,)
-        for suffix, (shape, dtype) in codec.tensors(r, c).items():
+        for suffix, (shape, dtype) in SHIPPED_CODECS[f].tensors(r, c).items():
             dest = layout.part(name, k, suffix)[0]
             fused = f"{prefix}.{name}_{suffix}"
-            cands = [f"{prefix}.{e}.{a}.{s}" for a in aliases for s in _FILE_SUFFIX.get((layout.precision, suffix), (suffix,))]
+            cands = [f"{prefix}.{e}.{a}.{s}" for a in aliases for s in _FILE_SUFFIX.get((f, suffix), (suffix,))]
             key = next((x for x in [fused, *cands] if x in index.tensors), None)
             if key is None:
                 raise UserError(f"the {layout.precision} checkpoint in {index.folder} has no {suffix} of {name} for "
