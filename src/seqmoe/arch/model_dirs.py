@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from seqmoe.arch.gguf_file import gguf_file, gguf_reader
 from seqmoe.base.errors import UserError
 
 TINY = "seqmoe-tiny"
@@ -34,18 +35,23 @@ def packaged_model_dir(name: str) -> Path:
 
 
 def resolve_model_dir(name_or_path: str | os.PathLike) -> Path:
-    """The local folder for `name_or_path`: a packaged model's name, else a folder with config.json."""
+    """The local folder for `name_or_path`: a packaged model's name, else a folder with config.json, or a
+    GGUF file (or a folder holding one)."""
     if str(name_or_path) in MODEL_DIRS:
         return packaged_model_dir(str(name_or_path))
     path = Path(name_or_path)
     if not path.exists():
-        raise UserError(f"no model at {path}: give a local model folder with config.json (nothing is downloaded) "
-                        f"or one of the packaged models: {', '.join(MODEL_DIRS)}")
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path} has no config.json; give the folder of a transformers model checkpoint")
+        raise UserError(f"no model at {path}: give a local model folder with config.json (nothing is downloaded), "
+                        f"a GGUF file, or one of the packaged models: {', '.join(MODEL_DIRS)}")
+    if not (path / "config.json").is_file() and gguf_file(path) is None:
+        raise UserError(f"{path} has no config.json; give the folder of a transformers model checkpoint, or a GGUF file")
     return path
 
 
 def has_tokenizer_files(path: Path) -> bool:
-    """The folder holds a tokenizer (transformers v5 builds an empty one for a folder without these files)."""
+    """The folder holds a tokenizer (transformers v5 builds an empty one for a folder without these files),
+    or the GGUF file `path` names carries one."""
+    gguf = gguf_file(path)
+    if gguf is not None:
+        return "tokenizer.ggml.model" in gguf_reader(gguf).fields
     return any((path / name).is_file() for name in TOKENIZER_FILES)

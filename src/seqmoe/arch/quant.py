@@ -31,6 +31,7 @@ import torch
 from seqmoe.arch.adapter import model_arch
 from seqmoe.arch.layout import ExpertLayout
 from seqmoe.base.errors import UserError
+from seqmoe.arch.gguf_file import gguf_file, gguf_precision
 from seqmoe.arch.shipped import shipped_precision
 from seqmoe.arch.shipped_layout import ShippedLayout
 from seqmoe.costs.precision import GROUP, QMAX, SCALE_BYTES, check_precision, is_shipped, quantized_bytes
@@ -223,8 +224,12 @@ CONVERTED_FORMAT = 1
 
 
 def stored_precision(folder) -> str | None:
-    """The precision a checkpoint folder stores its routed experts at, when not the model's dtype: what
-    `seqmoe convert` wrote, or the format it ships in (`shipped_precision`); None otherwise."""
+    """The precision a checkpoint (a folder, or a GGUF file) stores its routed experts at, when not the
+    model's dtype: what `seqmoe convert` wrote, the format it ships in (`shipped_precision`), or a GGUF
+    file's block formats (`gguf_precision`); None otherwise."""
+    gguf = gguf_file(folder)
+    if gguf is not None:
+        return gguf_precision(gguf)
     return converted_precision(folder) or shipped_precision(folder)
 
 

@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from seqmoe.arch.gguf_file import gguf_file
 from seqmoe.arch import MoeLayer, moe_layers
 from seqmoe.arch.model_dirs import DTYPES, has_tokenizer_files, resolve_model_dir
 from seqmoe.arch.quant import converted_precision
@@ -54,6 +55,9 @@ def load_model(
     if converted_precision(path):
         raise UserError(f"{path} holds routed experts converted by seqmoe convert, which transformers does not "
                         "read: load it with seqmoe.load (seqmoe generate/serve do), or use the original checkpoint")
+    if gguf_file(path) is not None:
+        raise UserError(f"{path} is a GGUF file, which transformers would dequantize whole: load it with seqmoe.load "
+                        "(seqmoe generate/serve do), which keeps its experts in their blocks")
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     bars = transformers.utils.logging
@@ -81,7 +85,10 @@ def load_tokenizer(path):
     # transformers v5 builds an empty tokenizer for a folder without tokenizer files; look for them first.
     if not has_tokenizer_files(path):
         return None
+    gguf = gguf_file(path)
     try:
+        if gguf is not None:  # the tokenizer the file carries
+            return transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name, local_files_only=True)
         return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError, TypeError):
         return None

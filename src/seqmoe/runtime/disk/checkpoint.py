@@ -103,6 +103,9 @@ class ExpertFiles:
         if isinstance(layout, QuantLayout):  # a converted checkpoint: its rows as the store keeps them
             plans = [_rows_plans(index, layout, layer, path, num_experts, keys) for layer, path in enumerate(experts_paths)]
         plan = _shipped_plan if isinstance(layout, ShippedLayout) else _plan
+        if getattr(index, "gguf", None) is not None:  # a GGUF file: its own tensor names
+            plans = [[_gguf_plan(index, layout, layer, path, e, keys) for e in range(num_experts)]
+                     for layer, path in enumerate(experts_paths)]
         for layer, path in enumerate(experts_paths if not plans else ()):
             prefix = _experts_prefix(index, path)
             plans.append([plan(index, layout, layer, path, prefix, e, num_experts, keys) for e in range(num_experts)])
@@ -265,6 +268,27 @@ def _shipped_plan(index, layout: ShippedLayout, layer, path, prefix, e, E, keys)
                 parts.append((entry.file, off, numel * entry.dtype.itemsize, entry.dtype, dest, numel,
                               layout.compute_dtype))
                 dest += numel * layout.compute_dtype.itemsize
+    return _merged(parts)
+
+
+_GGUF_EXPERTS = {("gate_up_proj", 0): "gate", ("gate_up_proj", 1): "up", ("down_proj", 0): "down"}
+
+
+def _gguf_plan(index, layout: ShippedLayout, layer, path, e, keys) -> tuple[_Read, ...]:
+    """Expert `e` of a GGUF file: its slice of `blk.N.ffn_{gate,up,down}_exps.weight` ([E, rows, row bytes],
+    N the decoder layer of `path`) into each linear's place in the row, bytes as stored."""
+    block = next(int(x) for x in path.split(".") if x.isdigit())
+    parts = []
+    for name, k, r, c, f in layout.matrices:
+        key = f"blk.{block}.ffn_{_GGUF_EXPERTS[(name, k)]}_exps.weight"
+        entry = index.tensors.get(key)
+        (shape, _), = SHIPPED_CODECS[f].tensors(r, c).values()
+        if entry is None or entry.shape[1:] != shape:
+            raise UserError(f"{index.folder} has no {key} of [E, {shape[0]}, {shape[1]}] {f} blocks (layer {layer}, "
+                            f"{path}); its metadata does not describe its tensors")
+        nbytes = math.prod(shape)
+        keys.add(key)
+        parts.append((entry.file, entry.offset + e * nbytes, nbytes, torch.uint8, layout.part(name, k, "")[0], nbytes, None))
     return _merged(parts)
 
 

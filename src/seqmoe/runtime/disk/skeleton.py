@@ -24,10 +24,12 @@ import torch
 
 from seqmoe.arch import ExpertLayout, model_arch
 from seqmoe.arch.quant import QuantLayout, store_layout, stored_precision
+from seqmoe.arch.gguf_file import gguf_file, gguf_precision
 from seqmoe.arch.shipped import GPTQ_GROUP, SHIPPED_CODECS, shipped_precision
 from seqmoe.arch.shipped_layout import ShippedLayout
 from seqmoe.base.errors import UserError
 from seqmoe.runtime.disk.checkpoint import ExpertFiles, checkpoint_keys
+from seqmoe.runtime.disk.gguf import gguf_config, gguf_dense, gguf_index
 from seqmoe.runtime.disk.index import CheckpointIndex
 from seqmoe.runtime.disk.reader import DiskReader
 
@@ -62,7 +64,8 @@ def load_skeleton(folder, dtype: torch.dtype | str | None = None, *, mode: str |
     if check is not None:
         check(model, model_arch(model), layout)
     skip = {f"{p}.{n}" for p in experts_paths for n in layout.names}
-    index = CheckpointIndex.open(folder)
+    gguf = gguf_file(folder)
+    index = CheckpointIndex.open(folder) if gguf is None else gguf_index(gguf)
     nbytes = _materialise(model, index, skip, mode)
     _init_nonpersistent(model)
     if model.config.get_text_config().tie_word_embeddings:
@@ -83,11 +86,16 @@ def meta_model(folder, dtype: torch.dtype | str | None = None):
     from transformers import AutoConfig, AutoModelForCausalLM  # transformers: only when this runs
 
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise UserError(f"{folder} has no config.json; give a folder saved by save_pretrained")
-    shipped_precision(folder)  # a quantization seqmoe does not read fails here
-    config = AutoConfig.from_pretrained(folder)
-    config.quantization_config = None  # the experts stay in their codes (ShippedLayout), the dense part is decoded
+    gguf = gguf_file(folder)
+    if gguf is not None:
+        gguf_precision(gguf)  # an architecture or block type seqmoe does not read fails here
+        config = gguf_config(gguf)
+    else:
+        if not (folder / "config.json").is_file():
+            raise UserError(f"{folder} has no config.json; give a folder saved by save_pretrained, or a GGUF file")
+        shipped_precision(folder)  # a quantization seqmoe does not read fails here
+        config = AutoConfig.from_pretrained(folder)
+        config.quantization_config = None  # the experts stay in their codes (ShippedLayout), the dense part is decoded
     dtype = _resolve_dtype(dtype if dtype is not None else getattr(config, "dtype", None))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -113,6 +121,15 @@ def _materialise(model: torch.nn.Module, index: CheckpointIndex, skip: set[str],
     reader, files, nbytes = DiskReader(mode), {}, 0
     try:
         for name, meta, is_param in _dense_tensors(model, skip):
+            if getattr(index, "gguf", None) is not None:  # a GGUF file: by its own tensor names, dequantized
+                value = gguf_dense(index, name, reader, files)
+                if value is not None:
+                    if tuple(value.shape) != tuple(meta.shape):
+                        raise UserError(f"{name} in {index.folder} is {list(value.shape)}, but the model's is "
+                                        f"{list(meta.shape)}: the file's metadata does not describe its tensors")
+                    _set(model, name, value.to(meta.dtype), is_param, meta)
+                    nbytes += value.nbytes
+                continue
             found = _dense_keys(index, name)
             if found is None:
                 continue  # tied (restored by tie_weights) or truly missing (reported after)

@@ -1,0 +1,115 @@
+"""GGUF files (issue 41): a tiny Qwen3-MoE written with gguf-py as llama.cpp names and stores it (experts
+as blk.N.ffn_{gate,up,down}_exps in Q4_K / Q8_0 blocks, the rest f32), loaded by `seqmoe.load` with its
+experts kept in their blocks, offloaded and streamed, gives the tokens and logits of transformers' own
+reading of the file (`from_pretrained(gguf_file=...)`, which dequantizes everything); files seqmoe cannot
+keep in one expert layout are refused before loading, in one line.
+Run: pytest tests/runtime/disk/test_gguf.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+gguf = pytest.importorskip("gguf")
+
+import seqmoe  # noqa: E402
+from seqmoe.arch.shipped import SHIPPED_CODECS  # noqa: E402
+from seqmoe.base.errors import UserError  # noqa: E402
+from tests.arch.collect.tiny_models import _COMMON  # noqa: E402
+
+PROMPT = torch.tensor([[1, 61, 9, 33, 70, 12]])
+GEN = dict(max_new_tokens=8, do_sample=False, num_beams=1, pad_token_id=0)
+H, I, E, L = 256, 768, 8, 2  # Q4_K blocks are 256 inputs; transformers' GGUF reader takes Qwen3-MoE's 768 wide experts
+
+
+@pytest.fixture(scope="module")
+def model():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.for_model("qwen3_moe", **{**_COMMON, "hidden_size": H, "num_hidden_layers": L, "num_experts": E,
+                                                  "moe_intermediate_size": I, "head_dim": 64, "norm_topk_prob": True})
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("gate.weight"):
+                p.normal_(0, 1)  # decided routing: near-ties flip under rounding noise
+    return model
+
+
+def write_gguf(model, path, formats=("q4_k", "q4_k", "q8_0"), arch="qwen3moe", last_down=None):
+    """`model` as llama.cpp's converter writes a Qwen3-MoE: metadata, tensors by GGUF name, experts [E, rows,
+    row bytes] in `formats` (gate, up, down; `last_down`: another for the last layer's down)."""
+    c = model.config
+    w = gguf.GGUFWriter(path, arch)
+    w.add_context_length(c.max_position_embeddings)
+    w.add_block_count(L)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(c.intermediate_size)
+    w.add_head_count(c.num_attention_heads)
+    w.add_head_count_kv(c.num_key_value_heads)
+    w.add_key_length(c.head_dim)
+    w.add_value_length(c.head_dim)
+    w.add_layer_norm_rms_eps(c.rms_norm_eps)
+    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    w.add_expert_count(E)
+    w.add_expert_used_count(c.num_experts_per_tok)
+    w.add_expert_feed_forward_length(I)
+    w.add_vocab_size(c.vocab_size)
+    names = gguf.TensorNameMap(gguf.MODEL_ARCH.QWEN3MOE, L)
+    for name, p in model.state_dict().items():
+        block = name.split(".")[2] if ".layers." in name else None
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            down = name.endswith("down_proj")
+            parts = (("down", p),) if down else (("gate", p[:, :I]), ("up", p[:, I:]))
+            for (which, part), fmt in zip(parts, formats[2:] if down else formats[:2]):
+                fmt = last_down if down and last_down and int(block) == L - 1 else fmt
+                raw = SHIPPED_CODECS[fmt].encode(part)[""].numpy() if fmt != "f16" else part.half().numpy()
+                kind = gguf.GGMLQuantizationType[fmt.upper()]
+                w.add_tensor(f"blk.{block}.ffn_{which}_exps.weight", raw, raw_dtype=kind)
+            continue
+        module, _, leaf = name.rpartition(".")
+        w.add_tensor(f"{names.get_name(module)}.{leaf}", p.numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_a_gguf_file_gives_transformers_tokens_with_its_experts_in_their_blocks(model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = write_gguf(model, tmp_path / "tiny.gguf")
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
+    want = reference.generate(PROMPT, **GEN)
+    with torch.no_grad():
+        ref_logits = reference(want).logits
+    per_expert = 2 * I * (H // 256) * 144 + H * (I // 32) * 34  # gate and up in Q4_K, down in Q8_0
+    for host in (None, int(0.3 * L * E * per_expert)):
+        net, runtime = seqmoe.load(path, residency=0.3, device="cpu", dtype="float32",
+                                   **({} if host is None else {"host_memory": host}))
+        try:
+            s = runtime.stats()
+            assert (s["expert_dtype"], s["expert_bytes"]) == ("q4_k/q4_k/q8_0", per_expert)
+            assert torch.equal(net.generate(PROMPT, **GEN), want)
+            with torch.no_grad():
+                torch.testing.assert_close(net(want).logits, ref_logits, rtol=0, atol=1e-5)
+        finally:
+            runtime.close()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(last_down="q4_k"), r"stores layer 1's experts as Q4_K/Q4_K/Q4_K and layer 0's as Q4_K/Q4_K/Q8_0; .* --pure"),
+    (dict(formats=("q4_k", "q4_k", "f16")), r"stores its experts as Q4_K/Q4_K/F16; seqmoe reads GGUF experts in Q8_0, Q5_0, Q4_K"),
+    (dict(arch="llama"), r"GGUF file of a llama model; seqmoe reads GGUF files of qwen2moe, qwen3moe models"),
+])
+def test_a_gguf_file_seqmoe_cannot_keep_is_refused_before_loading(model, tmp_path, kwargs, match):
+    path = write_gguf(model, tmp_path / "tiny.gguf", **kwargs)
+    with pytest.raises(UserError, match=match) as err:
+        seqmoe.load(path, residency=0.3, device="cpu")
+    assert "\n" not in str(err.value)
+    with pytest.raises(UserError, match="GGUF file, which transformers would dequantize whole"):
+        seqmoe.arch.collect.load_model(path, tokenizer=False)
