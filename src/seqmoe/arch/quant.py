@@ -248,4 +248,4 @@ def converted_precision(folder) -> str | None:
     if fmt != CONVERTED_FORMAT:
         raise UserError(f"{path} is format {fmt!r}; this seqmoe reads format {CONVERTED_FORMAT}: convert the "
                         "checkpoint again with it")
-    return check_precision(precision)
+    return check_precision(precision, shipped=True)

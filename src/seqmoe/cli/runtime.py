@@ -32,7 +32,7 @@ from seqmoe.config import (
     check_bench,
     check_live_system,
 )
-from seqmoe.costs.precision import PRECISIONS, format_bytes
+from seqmoe.costs.precision import PRECISIONS, SHIPPED, format_bytes
 from seqmoe.trace.io import load_trace
 
 
@@ -76,7 +76,8 @@ def add_runtime_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     c.add_argument("src", metavar="SRC", help="the checkpoint folder (save_pretrained's, safetensors), or seqmoe-tiny")
     c.add_argument("dst", metavar="DST", help="the folder to write (must not exist)")
-    c.add_argument("--expert-dtype", required=True, choices=PRECISIONS, help="the routed experts' precision")
+    c.add_argument("--expert-dtype", required=True, choices=PRECISIONS + tuple(SHIPPED), help="the routed experts' "
+                   "precision: seqmoe's groups of 64, or a shipped format's layout (encoded by round to nearest)")
     c.add_argument("--requantize", action="store_true", help="convert a checkpoint shipped quantized (fp8 blocks, "
                    "mxfp4, gptq) too: its experts decoded, then rounded a second time (without this flag refused; "
                    "seqmoe loads such a checkpoint as it is)")

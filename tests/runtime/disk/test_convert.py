@@ -14,7 +14,6 @@ torch = pytest.importorskip("torch")
 import seqmoe  # noqa: E402
 from seqmoe.base.errors import UserError  # noqa: E402
 from seqmoe.cli import main  # noqa: E402
-from seqmoe.runtime.disk import convert as convert_mod  # noqa: E402
 convert = seqmoe.convert
 from seqmoe.runtime.disk.index import CheckpointIndex  # noqa: E402
 
@@ -55,6 +54,23 @@ def test_a_converted_checkpoint_streams_quantize_experts_tokens_in_a_third_of_th
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("arch, precision", [("mixtral", "mxfp4"), ("gpt_oss", "q8_0")])
+def test_a_checkpoint_converted_to_a_shipped_formats_layout_gives_its_quantize_experts_tokens(saved, tmp_path, arch,
+                                                                                             precision):
+    from transformers import AutoModelForCausalLM
+
+    src, dst = saved(arch), tmp_path / precision
+    assert main(["convert", str(src), str(dst), "--expert-dtype", precision, "--no-progress"]) == 0
+    want = seqmoe.quantize_experts(AutoModelForCausalLM.from_pretrained(src).eval(), precision).generate(PROMPT, **GEN)
+    model, rt = seqmoe.load(dst, residency=0.3, learn=False)
+    try:
+        assert rt.stats()["expert_dtype"] == precision
+        assert rt.stats()["expert_bytes"] == _routed_bytes(dst, "seqmoe_rows") // _rows(dst)
+        assert torch.equal(model.generate(PROMPT, **GEN), want)
+    finally:
+        rt.close()
+
+
 def test_convert_refuses_to_overwrite_and_a_failed_convert_leaves_nothing(saved, tmp_path, monkeypatch):
     src = saved("qwen3_moe")
     (tmp_path / "taken").mkdir()
@@ -66,7 +82,7 @@ def test_convert_refuses_to_overwrite_and_a_failed_convert_leaves_nothing(saved,
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(convert_mod.QuantLayout, "pack_views", boom)
+    monkeypatch.setattr(seqmoe.arch.quant.QuantLayout, "pack_views", boom)
     with pytest.raises(OSError, match="disk full"):
         convert(src, tmp_path / "dst", "int8")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]  # neither dst nor its hidden partial

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from seqmoe.arch.layout import ExpertLayout
-from seqmoe.arch.quant import ROWS_SUFFIX, QuantLayout, stored_precision
+from seqmoe.arch.quant import ROWS_SUFFIX, QuantLayout, converted_precision, stored_precision
 from seqmoe.arch.shipped import SHIPPED_CODECS
 from seqmoe.arch.shipped_layout import ShippedLayout
 from seqmoe.runtime.disk.index import CheckpointChanged, CheckpointIndex
@@ -100,7 +100,7 @@ class ExpertFiles:
                             f"{getattr(layout, 'precision', None) or 'the model dtype'}: open them with "
                             "seqmoe.arch.quant.store_layout(layout, stored_precision(folder)), as seqmoe.load does")
         plans, keys = [], set()
-        if isinstance(layout, QuantLayout):  # a converted checkpoint: its rows as the store keeps them
+        if converted_precision(index.folder):  # a converted checkpoint: its rows as the store keeps them
             plans = [_rows_plans(index, layout, layer, path, num_experts, keys) for layer, path in enumerate(experts_paths)]
         plan = _shipped_plan if isinstance(layout, ShippedLayout) else _plan
         if getattr(index, "gguf", None) is not None:  # a GGUF file: its own tensor names
@@ -305,7 +305,7 @@ def _merged(parts: list[tuple]) -> tuple[_Read, ...]:
     return tuple(reads)
 
 
-def _rows_plans(index, layout: QuantLayout, layer, path, E, keys) -> list[tuple[_Read, ...]]:
+def _rows_plans(index, layout: QuantLayout | ShippedLayout, layer, path, E, keys) -> list[tuple[_Read, ...]]:
     """Expert e of a converted layer: row e of its [E, B] uint8 tensor, one read."""
     key = f"{path}.{ROWS_SUFFIX}"
     entry = index.tensors.get(key)

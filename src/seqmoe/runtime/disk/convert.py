@@ -5,7 +5,7 @@
 
 DST holds the source's other files (config.json, tokenizer, ...), its dense tensors unchanged
 (`model-dense.safetensors`), each MoE layer's routed experts as one [E, B] uint8 tensor of
-`QuantLayout` rows (`experts-LLLLL.safetensors`, key `{experts module path}.seqmoe_rows`), a
+`QuantLayout` rows, or `ShippedLayout` rows for a shipped format's layout (`experts-LLLLL.safetensors`, key `{experts module path}.seqmoe_rows`), a
 `model.safetensors.index.json` over them, and `seqmoe_experts.json` (format, precision, dtype).
 The format is in docs/DESIGN.md ("Converted checkpoints").
 
@@ -26,7 +26,7 @@ import torch
 
 from seqmoe.arch import model_arch
 from seqmoe.arch.model_dirs import resolve_model_dir
-from seqmoe.arch.quant import CONVERTED, CONVERTED_FORMAT, ROWS_SUFFIX, QuantLayout, converted_precision, store_layout
+from seqmoe.arch.quant import CONVERTED, CONVERTED_FORMAT, ROWS_SUFFIX, converted_precision, store_layout
 from seqmoe.arch.shipped import shipped_precision
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import check_precision
@@ -57,9 +57,9 @@ def convert(src, dst, precision: str, *, requantize: bool = False, progress: boo
     from safetensors.torch import save_file
     from tqdm import tqdm
 
-    check_precision(precision)
+    check_precision(precision, shipped=True)
     if precision is None:
-        raise UserError("give an expert precision to convert to (int8, int4 or fp8)")
+        raise UserError("give an expert precision to convert to (int8, int4, fp8, or a shipped format)")
     src, dst = resolve_model_dir(src), Path(dst)  # a folder, or a packaged model's name (seqmoe-tiny)
     if converted_precision(src) is not None:
         raise UserError(f"{src} was written by seqmoe convert already; convert the original checkpoint")
@@ -71,7 +71,7 @@ def convert(src, dst, precision: str, *, requantize: bool = False, progress: boo
                         f"time; pass --requantize (requantize=True) to do it anyway, or load the checkpoint as it is "
                         "(seqmoe.load, generate and serve keep its codes)")
     model, paths, base = meta_model(src)
-    layout, E = QuantLayout.of(base, precision), model_arch(model).num_experts
+    layout, E = store_layout(base, precision), model_arch(model).num_experts
     source = store_layout(base, shipped)  # the experts' rows as the files hold them
     index = CheckpointIndex.open(src)
     files = ExpertFiles.open(src, paths, source, E, index=index)
