@@ -18,6 +18,7 @@ they choose other codes, not another layout); it is how tests write checkpoints 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -122,10 +123,13 @@ def _fp8_encode(w):
 
 
 def _fp8_decode(parts, rows, cols):
-    scale = parts["weight_scale_inv"].float()
-    b = SHIPPED_BLOCK["fp8-block"]
+    scale, codes = parts["weight_scale_inv"].float(), parts["weight"]
+    b, n = SHIPPED_BLOCK["fp8-block"], codes.shape[0]
+    if rows % b == 0 and cols % b == 0:  # whole blocks: the scale broadcast over each
+        w = codes.float().view(n, rows // b, b, cols // b, b) * scale[:, :, None, :, None]
+        return w.view(n, rows, cols)
     full = scale.repeat_interleave(b, 1).repeat_interleave(b, 2)[:, :rows, :cols]
-    return parts["weight"].float() * full
+    return codes.float() * full
 
 
 # ---- MXFP4 --------------------------------------------------------------------------------------
@@ -145,11 +149,18 @@ def _mxfp4_encode(w):
     return {"blocks": blocks, "scales": (exp + 127).to(torch.uint8)}
 
 
+@functools.cache
+def _fp4_pairs(device) -> torch.Tensor:
+    """[256, 2]: the two e2m1 values of each byte (low nibble first): one lookup decodes a byte."""
+    lut = torch.tensor(FP4_VALUES)
+    b = torch.arange(256)
+    return torch.stack((lut[b & 0xF], lut[b >> 4]), -1).to(device)
+
+
 def _mxfp4_decode(parts, rows, cols):
     blocks, scales = parts["blocks"], parts["scales"]
-    lut = torch.tensor(FP4_VALUES, device=blocks.device)
-    values = torch.stack((lut[(blocks & 0xF).long()], lut[(blocks >> 4).long()]), -1).flatten(-2)
-    values = torch.ldexp(values, scales.to(torch.int32)[..., None] - 127)
+    values = _fp4_pairs(blocks.device)[blocks.int()].view(*blocks.shape[:-1], -1)  # [n, rows, cols / 32, 32]
+    values = values * torch.exp2(scales.float() - 127)[..., None]  # a power of two: exact, as ldexp
     return values.reshape(blocks.shape[0], rows, cols)
 
 
@@ -161,12 +172,6 @@ def _pack_int32(nibbles: torch.Tensor, dim: int) -> torch.Tensor:
     shifts = (torch.arange(8, device=v.device) * 4).view([8 if d == dim + 1 else 1 for d in range(v.dim())])
     packed = (v << shifts).sum(dim + 1)
     return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
-
-
-def _unpack_int32(packed: torch.Tensor, dim: int) -> torch.Tensor:
-    """`_pack_int32`'s inverse: each int32 along `dim` into eight 4-bit values (int64)."""
-    shifts = (torch.arange(8, device=packed.device) * 4).view([8 if d == dim + 1 else 1 for d in range(packed.dim() + 1)])
-    return ((packed.to(torch.int64).unsqueeze(dim + 1) >> shifts) & 0xF).flatten(dim, dim + 1)
 
 
 def gptq_encode(w: torch.Tensor, sym: bool = True) -> dict[str, torch.Tensor]:
@@ -191,12 +196,17 @@ def gptq_encode(w: torch.Tensor, sym: bool = True) -> dict[str, torch.Tensor]:
 
 
 def _gptq_decode(parts, rows, cols):
-    q = _unpack_int32(parts["qweight"], 1)                                   # [n, cols, rows]
-    zeros = _unpack_int32(parts["qzeros"], 2) + 1                            # [n, groups, rows]
-    g = parts["g_idx"].long()                                                # [n, cols]
-    idx = g[..., None].expand(-1, -1, rows)
-    scale = parts["scales"].float().gather(1, idx)                           # [n, cols, rows]
-    return ((q - zeros.gather(1, idx)).float() * scale).transpose(1, 2).contiguous()
+    # computed as [n, rows, cols] from the start: only the packed words and the per-group tensors transpose
+    n, shifts = parts["qweight"].shape[0], torch.arange(0, 32, 4, dtype=torch.int32, device=parts["qweight"].device)
+    q = ((parts["qweight"].transpose(1, 2).contiguous().unsqueeze(3) >> shifts) & 0xF).view(n, rows, cols)
+    zeros = (((parts["qzeros"].unsqueeze(3) >> shifts) & 0xF).view(n, -1, rows) + 1).transpose(1, 2)  # [n, rows, groups]
+    scales, g = parts["scales"].float().transpose(1, 2), parts["g_idx"]                          # [n, rows, groups]
+    if torch.equal(g, (torch.arange(cols, dtype=g.dtype, device=g.device) // GPTQ_GROUP).expand(n, cols)):
+        w = (q.view(n, rows, -1, GPTQ_GROUP) - zeros[..., None]).float() * scales[..., None]  # groups in order
+    else:  # act-order: each input's group from g_idx
+        idx = g.long()[:, None, :].expand(-1, rows, -1)
+        w = (q - zeros.gather(2, idx)).float() * scales.gather(2, idx)
+    return w.reshape(n, rows, cols)
 
 
 # ---- GGUF blocks (ggml's Q8_0, Q5_0, Q4_K) ------------------------------------------------------
@@ -283,10 +293,10 @@ def _q4_k_decode(parts, rows, cols):
     s = b[..., 4:16].to(torch.int64)
     sc = torch.cat([s[..., 0:4] & 63, (s[..., 8:12] & 0xF) | ((s[..., 0:4] >> 6) << 4)], -1)
     m = torch.cat([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
-    qs = b[..., 16:].to(torch.int64).view(*b.shape[:-1], 4, 32)
+    qs = b[..., 16:].view(*b.shape[:-1], 4, 32)
     q = torch.stack((qs & 0xF, qs >> 4), -2).view(*b.shape[:-1], 8, 32).float()
-    y = d[..., None, None] * sc[..., None].float() * q - dmin[..., None, None] * m[..., None].float()
-    return y.reshape(b.shape[0], rows, cols)
+    step, low = d[..., None] * sc.float(), dmin[..., None] * m.float()  # ggml's d * sc and dmin * m, per sub-block
+    return (step[..., None] * q - low[..., None]).reshape(b.shape[0], rows, cols)
 
 
 _ENCODE = {"fp8-block": _fp8_encode, "mxfp4": _mxfp4_encode, "gptq-int4": gptq_encode, "q8_0": _q8_0_encode,
