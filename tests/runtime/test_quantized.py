@@ -141,18 +141,19 @@ def test_decode_graph_reads_quantized_rows_like_the_quantized_full_model():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("precision", ["int8", "int4", "fp8"])
-def test_a_captured_cuda_step_reads_quantized_rows(precision):
-    """On CUDA, inside the graph: int8 and int4 rows are read and dequantized by one kernel per
-    parameter (`gather_dequantized`), fp8 rows gathered and dequantized by torch ops; greedy tokens
-    equal the quantized full model's on the same device."""
+@pytest.mark.parametrize("arch, precision", [("qwen3_moe", "int8"), ("qwen3_moe", "int4"), ("qwen3_moe", "fp8"),
+                                            ("qwen3_moe", "fp8-block"), ("mixtral", "mxfp4"), ("mixtral", "q8_0")])
+def test_a_captured_cuda_step_reads_quantized_rows(arch, precision):
+    """On CUDA, inside the graph: int8 and int4 rows (and the linears of FP8-block, MXFP4 and Q8_0 rows)
+    are read and dequantized by one kernel per parameter (`gather_dequantized`), fp8 rows gathered and
+    dequantized by torch ops; greedy tokens equal the quantized full model's on the same device."""
     from seqmoe.runtime import DecodeGraph
     from tests.runtime.conftest import PROMPT
 
-    full = quantize_experts(fresh("qwen3_moe"), precision).cuda()
+    full = quantize_experts(fresh(arch), precision).cuda()
     full.config._experts_implementation = "batched_mm"  # grouped_mm in fp32 cannot be captured
     want = DecodeGraph(full, 32).generate(torch.tensor([PROMPT]).cuda(), 8)
-    model = fresh("qwen3_moe")
+    model = fresh(arch)
     model.config._experts_implementation = "batched_mm"
     rt = offload(model, 0.3, "on-demand-lru", expert_dtype=precision, device="cuda", control="thread")
     dg = DecodeGraph(rt, 32)

@@ -99,6 +99,36 @@ def check_dequant_gather() -> None:
                     assert ((got[name].float() - w.float()).abs() <= step).all(), (arch_name, precision, name)
 
 
+def check_shipped_gather() -> None:
+    """`gather_dequantized` of a shipped layout (one kernel per linear, decoding FP8 blocks, MXFP4 and
+    Q8_0 by their formulas, each into its place in its parameter, transposed for gpt-oss) gives what
+    `ShippedLayout.views` gives of the gathered rows, bit for bit in float32; a skipped position zeros."""
+    from seqmoe.arch import model_arch
+    from seqmoe.arch.quant import store_layout
+    from tests.runtime.conftest import fresh
+
+    cases = (("olmoe", "fp8-block"), ("mixtral", "mxfp4"), ("gpt_oss", "mxfp4"), ("gpt_oss", "q8_0"),
+             ("mixtral", "q8_0/mxfp4/fp8-block"))
+    for arch_name, precision in cases:
+        arch = model_arch(fresh(arch_name))
+        experts = arch.moe[0].experts
+        layout = store_layout(arch.layout(experts), precision)
+        assert mapped.reads_in_kernel(layout), precision
+        host = torch.empty((experts.num_experts, layout.numel), dtype=torch.uint8)
+        layout.pack(experts, host)
+        pool = host[[2, 5]].clone()
+        table = torch.full((experts.num_experts,), -1, dtype=torch.int32)
+        table[5], table[2] = 1, 0
+        ids, skip = torch.tensor([5, 1, 2]), torch.tensor([False, False, True])
+        outs = {n: torch.empty((3, int(np.prod(s)))) for n, s in zip(layout.names, layout.shapes)}
+        reads, slots = torch.zeros(2, dtype=torch.int64), torch.empty(3, dtype=torch.int32)
+        got = mapped.gather_dequantized(pool, host, table, ids, layout, outs, reads, slots, skip)
+        assert reads.tolist() == [1, 1], reads
+        for name, w in layout.views(host[ids]).items():
+            w[2] = 0
+            assert torch.equal(got[name], w), (arch_name, precision, name, (got[name] - w).abs().max())
+
+
 def _posted(k: dict | None, rows: int = 1) -> tuple:
     fence = ReadFence(torch.device("cpu"))
     box = Mailbox(2, 3, torch.device("cpu"), fence, ring=4, rows=4)
@@ -137,6 +167,7 @@ def main() -> None:
     check_resolve_and_gather(k)
     check_quantized_gather(k)
     check_dequant_gather()
+    check_shipped_gather()
     check_warm(k)
     for rows in (1, 3):  # a batched step's rows land where a one-row step's do, side by side
         got, want = _posted(k, rows), _posted(None, rows)

@@ -19,15 +19,17 @@ writes one layer's routing into the mailbox and acknowledges the table version
 or without triton, torch ops with the same result. Checked against each other on CUDA
 (tests/runtime/test_thread.py) and here under `TRITON_INTERPRET=1`.
 
-`gather_dequantized` is the gather for an int8 or int4 store: one kernel per parameter reads the
-codes and scales of each routed row from its slot or host row and writes the weights dequantized,
-the numbers `QuantLayout.views` gives of the gathered rows, with no pass over a gathered copy.
+`gather_dequantized` is the gather for an int8 or int4 store, or a shipped format's (FP8 blocks,
+MXFP4, Q8_0 linears): one kernel per parameter (per linear) reads the codes and scales of each routed
+row from its slot or host row and writes the weights dequantized, the numbers `views` gives of the
+gathered rows, with no pass over a gathered copy.
 """
 
 from __future__ import annotations
 
 import torch
 
+from seqmoe.arch.shipped import SHIPPED_CODECS
 from seqmoe.base.errors import UserError
 from seqmoe.costs.precision import GROUP
 from seqmoe.runtime.kernels import mapped as mapped_kernels
@@ -96,24 +98,37 @@ def gather_rows(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids
 
 DEQUANT_MODES = {"int8": 0, "int4": 1}
 """Store precisions `gather_dequantized` reads (fp8 stores are gathered, then dequantized by torch ops)."""
+SHIPPED_MODES = {"fp8-block": 0, "mxfp4": 1, "q8_0": 2}
+"""Shipped formats whose linears `gather_dequantized` decodes (the others are gathered, then decoded by torch ops)."""
 
 
 def dequantizes(layout, device: torch.device) -> bool:
-    """`gather_dequantized` serves rows of `layout` on `device` (CUDA with triton, an int8 or int4 store)."""
-    return (device.type == "cuda" and getattr(layout, "precision", None) in DEQUANT_MODES
-            and mapped_kernels.kernels() is not None)
+    """`gather_dequantized` serves rows of `layout` on `device` (CUDA with triton, an int8 or int4 store,
+    or a shipped layout whose linears are all in `SHIPPED_MODES`)."""
+    return device.type == "cuda" and reads_in_kernel(layout) and mapped_kernels.kernels() is not None
+
+
+def reads_in_kernel(layout) -> bool:
+    """Whether the dequantizing gather's kernels decode every part of `layout`'s rows."""
+    matrices = getattr(layout, "matrices", None)
+    if matrices is not None:
+        return all(m[4] in SHIPPED_MODES for m in matrices)
+    return getattr(layout, "precision", None) in DEQUANT_MODES
 
 
 def gather_dequantized(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, layout,
                        outs: dict[str, torch.Tensor], reads: torch.Tensor, slots: torch.Tensor,
                        skip: torch.Tensor | None = None, host_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """{name: [n, *shape]}: each parameter of the routed quantized rows (`layout`, a `QuantLayout`),
+    """{name: [n, *shape]}: each parameter of the routed quantized rows (`layout`, a `QuantLayout` or a
+    `ShippedLayout` that `reads_in_kernel`),
     dequantized from the slot or the host row as `gather_rows` would pick it (zeros where `skip`),
     written into `outs[name]` ([n, numel] of the compute dtype); reads counted as `gather_rows` does."""
     k = mapped_kernels.kernels()
     n = ids.shape[0]
     k["resolve"][(1,)](table, ids, skip if skip is not None else ids, slots, reads, n,
                        HAS_SKIP=skip is not None, BK=max(2, 1 << (n - 1).bit_length()))
+    if getattr(layout, "matrices", None) is not None:
+        return _gather_shipped(k, pool, host, slots, ids if host_ids is None else host_ids, layout, outs)
     mode, params = DEQUANT_MODES[layout.precision], {}
     for part in layout.parts:
         out = outs[part.name]
@@ -122,6 +137,27 @@ def gather_dequantized(pool: torch.Tensor, host: torch.Tensor, table: torch.Tens
             pool, host, slots, ids if host_ids is None else host_ids, out, layout.numel, part.offset, part.code_bytes, numel,
             MODE=mode if part.code_bytes else 2, GROUP=GROUP, BLOCK=mapped_kernels.BLOCK)
         params[part.name] = out.view(n, *part.shape)
+    return params
+
+
+def _gather_shipped(k, pool, host, slots, ids, layout, outs) -> dict[str, torch.Tensor]:
+    """`gather_dequantized` of a `ShippedLayout`: each linear decoded into its place in its parameter
+    (gate then up; transposed in a family of [inputs, outputs] matrices), each vector copied."""
+    n, params = ids.shape[0], {}
+    for name, shape in zip(layout.names, layout.shapes):
+        out, numel = outs[name], outs[name].shape[1]
+        if len(shape) < 2:
+            at = layout.part(name, -1, "")[0]
+            k["dequant_gather"][(n, -(-numel // mapped_kernels.BLOCK))](
+                pool, host, slots, ids, out, layout.numel, at, 0, numel, MODE=2, GROUP=GROUP, BLOCK=mapped_kernels.BLOCK)
+        for _, piece, r, c, f in (m for m in layout.matrices if m[0] == name):
+            suffixes = list(SHIPPED_CODECS[f].tensors(r, c))  # codes first, scales last (Q8_0: one tensor)
+            code_off = layout.part(name, piece, suffixes[0])[0]
+            scale_off = layout.part(name, piece, suffixes[-1])[0]
+            k["shipped_gather"][(n, -(-(r * c) // mapped_kernels.BLOCK))](
+                pool, host, slots, ids, out, layout.numel, code_off, scale_off, r, c, numel, piece * r * c,
+                MODE=SHIPPED_MODES[f], TRANSPOSE=layout.base.in_out, BLOCK=mapped_kernels.BLOCK)
+        params[name] = out.view(n, *shape)
     return params
 
 

@@ -300,14 +300,15 @@ class ExpertPool:
 
     def gather_posted_params(self, layer: int, ids: torch.Tensor, layout, skip: torch.Tensor | None = None,
                              host_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """`layout.views` of `gather_posted`'s rows: for an int8 or int4 store on CUDA read and
-        dequantized in one pass (`mapped.gather_dequantized`), into buffers shared by all layers."""
+        """`layout.views` of `gather_posted`'s rows: for an int8 or int4 store (or a shipped one of FP8
+        blocks, MXFP4, Q8_0) on CUDA read and dequantized in one pass (`mapped.gather_dequantized`), into
+        buffers shared by all layers."""
         if not dequantizes(layout, self.device):
             return layout.views(self.gather_posted(layer, ids, skip, host_ids))
         n = ids.shape[0]
         if self._dequant is None or self._slots_posted is None or self._slots_posted.shape[0] != n:
-            self._dequant = {p.name: torch.empty((n, math.prod(p.shape)), dtype=layout.compute_dtype, device=self.device)
-                             for p in layout.parts}
+            self._dequant = {name: torch.empty((n, math.prod(shape)), dtype=layout.compute_dtype, device=self.device)
+                             for name, shape in zip(layout.names, layout.shapes)}
             self._slots_posted = torch.empty((n,), dtype=torch.int32, device=self.device)
             self.peak_gathered = max(self.peak_gathered, n)
         return gather_dequantized(self.pool, self.hosts_device[layer], self.table[layer], ids.contiguous(), layout,

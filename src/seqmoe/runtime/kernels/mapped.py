@@ -2,7 +2,9 @@
 `resolve` reads the K routed experts' slot-table entries (volatile: the host writes the table),
 `gather` copies each routed row from its slot or its host block, `dequant_gather` reads one
 parameter of each routed quantized row (`seqmoe.arch.quant`: int8 or int4 codes and their float32
-scales, or a raw vector) from its slot or host block and writes it dequantized, `post` writes one
+scales, or a raw vector) from its slot or host block and writes it dequantized, `shipped_gather` does
+the same for one linear of a shipped format's row (`seqmoe.arch.shipped_layout`: FP8 blocks, MXFP4,
+Q8_0, decoded by their formulas in float32), `post` writes one
 layer's routing into the mailbox and acknowledges the slot table's version (`posted.mailbox`,
 `posted.fence`).
 `kernels()` builds them once; None without triton (torch ops then do the same, slower).
@@ -97,6 +99,51 @@ def build() -> dict:
                 scale = tl.load((src + code_bytes).to(tl.pointer_type(tl.float32)) + j // GROUP, mask=m)
                 tl.store(dst, (q * scale).to(out.dtype.element_ty), mask=m)
 
+    @triton.jit
+    def shipped_gather(pool, host, slots, ids, out, B, code_off, scale_off, R, C, out_numel, out_base,
+                       MODE: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK: tl.constexpr):
+        # The linear [R, C] whose tensors start at byte code_off (codes) and scale_off (scales) of each
+        # routed row, decoded into out [K, out_numel] at out_base (+ i * C + j, or with TRANSPOSE
+        # j * R + i: gpt-oss's [inputs, outputs]). MODE 0: fp8 e4m3 codes, a float32 scale per 128 x 128
+        # block; 1: MXFP4 (two e2m1 codes a byte, the even one low, an E8M0 byte per 32); 2: Q8_0 blocks of
+        # 34 bytes (a float16 scale, 32 int8 codes). Skipped rows (slot -2) come out zero.
+        row = tl.program_id(0)
+        idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        m = idx < R * C
+        i, j = idx // C, idx % C
+        e = tl.load(ids + row).to(tl.int64)
+        slot = tl.load(slots + row).to(tl.int64)
+        at = out_base + (j * R + i if TRANSPOSE else idx)
+        dst = out + row.to(tl.int64) * out_numel + at
+        if slot == -2:
+            tl.store(dst, tl.zeros((BLOCK,), tl.float32).to(out.dtype.element_ty), mask=m)
+        else:
+            if slot >= 0:
+                src = pool + slot * B
+            else:
+                src = host + e * B
+            if MODE == 0:
+                b = tl.load(src + code_off + idx, mask=m).to(tl.int32)
+                ex, mant = (b >> 3) & 15, (b & 7).to(tl.float32)
+                mag = tl.where(ex == 0, mant * 0.001953125, (8.0 + mant) * tl.exp2((ex - 10).to(tl.float32)))
+                q = tl.where((b & 128) != 0, -mag, mag)
+                grid = (C + 127) // 128
+                scale = tl.load((src + scale_off).to(tl.pointer_type(tl.float32)) + (i // 128) * grid + j // 128, mask=m)
+            elif MODE == 1:
+                b = tl.load(src + code_off + idx // 2, mask=m).to(tl.int32)
+                nib = (b >> ((j % 2) * 4)) & 15
+                ex, mant = (nib >> 1) & 3, (nib & 1).to(tl.float32)
+                mag = tl.where(ex == 0, mant * 0.5, (2.0 + mant) * tl.exp2((ex - 2).to(tl.float32)))
+                q = tl.where((nib & 8) != 0, -mag, mag)
+                sb = tl.load(src + scale_off + i * (C // 32) + j // 32, mask=m).to(tl.int32)
+                scale = tl.exp2((sb - 127).to(tl.float32))
+            else:
+                blk = src + code_off + i * (C // 32 * 34) + (j // 32) * 34
+                lo, hi = tl.load(blk, mask=m).to(tl.int32), tl.load(blk + 1, mask=m).to(tl.int32)
+                scale = ((hi << 8) | lo).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+                q = tl.load(blk + 2 + j % 32, mask=m).to(tl.int8, bitcast=True).to(tl.float32)
+            tl.store(dst, (q * scale).to(out.dtype.element_ty), mask=m)
+
     @triton.jit(do_not_specialize=["layer"])
     def post(ids, weights, token, posts, box_ids, box_w, box_tok, box_seq, snap, version, acked, layer, L, R, N, W,
              NT, TW, HAS_TOKEN: tl.constexpr, HAS_FENCE: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr):
@@ -121,4 +168,5 @@ def build() -> dict:
             tl.atomic_xchg(acked, prev, sem="release", scope="sys")
             tl.store(snap, tl.load(version, volatile=True))
 
-    return {"resolve": resolve, "gather": gather, "dequant_gather": dequant_gather, "post": post}
+    return {"resolve": resolve, "gather": gather, "dequant_gather": dequant_gather, "shipped_gather": shipped_gather,
+            "post": post}
