@@ -51,6 +51,25 @@ def test_fp8_block_decodes_as_transformers_does():
     assert torch.equal(SHIPPED_CODECS["fp8-block"].decode(parts, 256, 384), theirs)
 
 
+def test_fp8_edge_blocks_decode_as_deepseeks_weight_dequant():
+    """A matrix whose sides are not multiples of 128 (DeepSeek-V3's kv_a_proj_with_mqa is [576, 7168]) has
+    partial edge blocks: the scale of element (i, j) is scale[i // 128, j // 128], as DeepSeek-V3's own
+    `weight_dequant` reads it (a grid of ceil-divided blocks). transformers' CPU dequantizer derives the
+    block from the grid instead (160 / 2 = 80) and reads such a matrix with the wrong scales."""
+    w = torch.randn((1, 160, 300), generator=torch.Generator().manual_seed(3))
+    parts = SHIPPED_CODECS["fp8-block"].encode(w)
+    assert parts["weight_scale_inv"].shape == (1, 2, 3)
+    codes, scale = parts["weight"][0].float(), parts["weight_scale_inv"][0]
+    want = torch.empty((160, 300))
+    for bi in range(2):  # block by block, as the reference kernel's programs do
+        for bj in range(3):
+            rows, cols = slice(bi * 128, (bi + 1) * 128), slice(bj * 128, (bj + 1) * 128)
+            want[rows, cols] = codes[rows, cols] * scale[bi, bj]
+    got = SHIPPED_CODECS["fp8-block"].decode(parts, 160, 300)[0]
+    assert torch.equal(got, want)
+    assert (got - w[0]).abs().max() < 0.07 * w.abs().max()
+
+
 def test_mxfp4_decodes_as_transformers_reads_gpt_oss(weights):
     mx = pytest.importorskip("transformers.integrations.mxfp4")
     parts = SHIPPED_CODECS["mxfp4"].encode(weights)
