@@ -75,6 +75,6 @@ def test_the_dequantizing_gather_compiles_for_sm90_and_rounds_to_nearest(mode):
 def test_the_shipped_gather_compiles_for_sm90_and_rounds_to_nearest(mode, transpose):
     """FP8 blocks (0), MXFP4 (1) and Q8_0 (2) linears into bf16 weights, straight or transposed (gpt-oss)."""
     ptx = _ptx(mapped_kernels.build()["shipped_gather"], "pool:*u8 host:*u8 slots:*i32 ids:*i64 out:*bf16 B:i32 "
-               "code_off:i32 scale_off:i32 R:i32 C:i32 out_numel:i32 out_base:i32",
+               "code_off:i32 scale_off:i32 R:i32 C:i32 out_numel:i32 out_base:i32 FB:i32",
                {"MODE": mode, "TRANSPOSE": transpose, "BLOCK": 1024})
     assert "cvt.rn.bf16.f32" in ptx or "cvt.rn.bf16x2.f32" in ptx

@@ -27,12 +27,12 @@ from pathlib import Path
 import torch
 
 from seqmoe.base.errors import UserError
-from seqmoe.costs.precision import SHIPPED_BLOCK
+from seqmoe.costs.precision import SHIPPED_BLOCK, fp8_block_size
 
 FP4_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 """The e2m1 value of each 4-bit MXFP4 code."""
 GPTQ_GROUP = SHIPPED_BLOCK["gptq-int4"]
-READS = "fp8 with 128 x 128 blocks (DeepSeek-V3, Qwen3-FP8), mxfp4 (gpt-oss) and gptq 4-bit in groups of 128"
+READS = "fp8 with square blocks (DeepSeek-V3, Qwen3-FP8: 128 x 128), mxfp4 (gpt-oss) and gptq 4-bit in groups of 128"
 """The quantized checkpoints `shipped_precision` accepts, as its errors name them."""
 
 
@@ -54,6 +54,22 @@ def _fp4_experts(folder: Path) -> bool:
         return f.get_slice(key).get_dtype() in ("I8", "U8")
 
 
+def _fp8_blocks(q: dict) -> str | None:
+    """The fp8-block name of an fp8 quantization_config with square e4m3 blocks, else None."""
+    side = list(q.get("weight_block_size") or ())
+    if q.get("quant_method") != "fp8" or len(side) != 2 or side[0] != side[1] or q.get("fmt", "e4m3") != "e4m3":
+        return None
+    name = "fp8-block" if side[0] == 128 else f"fp8-block-{side[0]}"
+    return name if fp8_block_size(name) else None
+
+
+def dense_fp8(folder) -> str:
+    """The fp8-block name a checkpoint's FP8 dense linears are stored in (its config's blocks; default 128)."""
+    path = Path(folder) / "config.json"
+    q = (json.loads(path.read_text()).get("quantization_config") if path.is_file() else None) or {}
+    return _fp8_blocks(q) if isinstance(q, dict) and _fp8_blocks(q) else "fp8-block"
+
+
 def shipped_precision(folder) -> str | None:
     """The shipped format (a `SHIPPED` name) of the checkpoint in `folder` per its config.json's
     quantization_config; None when it declares none; UserError for a quantization seqmoe does not read."""
@@ -63,8 +79,9 @@ def shipped_precision(folder) -> str | None:
         return None
     q = q if isinstance(q, dict) else {}
     method = q.get("quant_method", "?")
-    if method == "fp8" and list(q.get("weight_block_size") or ()) == [128, 128] and q.get("fmt", "e4m3") == "e4m3":
-        return "mxfp4" if _fp4_experts(Path(folder)) else "fp8-block"
+    fp8 = _fp8_blocks(q)
+    if fp8 is not None:
+        return "mxfp4" if _fp4_experts(Path(folder)) else fp8
     if method == "mxfp4":
         return "mxfp4"
     if (method == "gptq" and q.get("bits") == 4 and q.get("group_size") == GPTQ_GROUP
@@ -84,12 +101,17 @@ class Codec:
 
     @property
     def block(self) -> int:
-        return SHIPPED_BLOCK[self.name]
+        return fp8_block_size(self.name) or SHIPPED_BLOCK[self.name]
+
+    @property
+    def kind(self) -> str:
+        """The format without its block side ("fp8-block" for "fp8-block-64")."""
+        return "fp8-block" if fp8_block_size(self.name) else self.name
 
     def tensors(self, rows: int, cols: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """{suffix: (shape, dtype)} of the tensors a file stores for one [rows, cols] matrix."""
         b = self.block
-        if self.name == "fp8-block":
+        if self.kind == "fp8-block":
             return {"weight": ((rows, cols), torch.float8_e4m3fn),
                     "weight_scale_inv": ((-(-rows // b), -(-cols // b)), torch.float32)}
         if self.name == "mxfp4":
@@ -101,18 +123,19 @@ class Codec:
 
     def encode(self, w: torch.Tensor) -> dict[str, torch.Tensor]:
         """The file's tensors (each [n, *shape]) of n matrices `w` [n, rows, cols], rounded to nearest."""
-        return _ENCODE[self.name](w.float())
+        return _fp8_encode(w.float(), self.block) if self.kind == "fp8-block" else _ENCODE[self.name](w.float())
 
     def decode(self, parts: dict[str, torch.Tensor], rows: int, cols: int) -> torch.Tensor:
         """[n, rows, cols] float32: the numbers n matrices' tensors `parts` (each [n, *shape]) stand for."""
+        if self.kind == "fp8-block":
+            return _fp8_decode(parts, rows, cols, self.block)
         return _DECODE[self.name](parts, rows, cols)
 
 
 # ---- FP8 with block scales ----------------------------------------------------------------------
 
-def _fp8_encode(w):
+def _fp8_encode(w, b):
     n, rows, cols = w.shape
-    b = SHIPPED_BLOCK["fp8-block"]
     padded = w.new_zeros((n, -(-rows // b) * b, -(-cols // b) * b))
     padded[:, :rows, :cols] = w
     blocks = padded.view(n, padded.shape[1] // b, b, padded.shape[2] // b, b)
@@ -122,9 +145,9 @@ def _fp8_encode(w):
     return {"weight": codes[:, :rows, :cols].contiguous(), "weight_scale_inv": scale}
 
 
-def _fp8_decode(parts, rows, cols):
+def _fp8_decode(parts, rows, cols, b):
     scale, codes = parts["weight_scale_inv"].float(), parts["weight"]
-    b, n = SHIPPED_BLOCK["fp8-block"], codes.shape[0]
+    n = codes.shape[0]
     if rows % b == 0 and cols % b == 0:  # whole blocks: the scale broadcast over each
         w = codes.float().view(n, rows // b, b, cols // b, b) * scale[:, :, None, :, None]
         return w.view(n, rows, cols)
@@ -299,12 +322,20 @@ def _q4_k_decode(parts, rows, cols):
     return (step[..., None] * q - low[..., None]).reshape(b.shape[0], rows, cols)
 
 
-_ENCODE = {"fp8-block": _fp8_encode, "mxfp4": _mxfp4_encode, "gptq-int4": gptq_encode, "q8_0": _q8_0_encode,
+_ENCODE = {"mxfp4": _mxfp4_encode, "gptq-int4": gptq_encode, "q8_0": _q8_0_encode,
            "q5_0": _q5_0_encode, "q4_k": _q4_k_encode}
-_DECODE = {"fp8-block": _fp8_decode, "mxfp4": _mxfp4_decode, "gptq-int4": _gptq_decode, "q8_0": _q8_0_decode,
+_DECODE = {"mxfp4": _mxfp4_decode, "gptq-int4": _gptq_decode, "q8_0": _q8_0_decode,
            "q5_0": _q5_0_decode, "q4_k": _q4_k_decode}
-SHIPPED_CODECS = {name: Codec(name) for name in SHIPPED_BLOCK}
-"""Each shipped format's codec, by its `--expert-dtype` name."""
+class _Codecs(dict):
+    def __missing__(self, name: str) -> Codec:  # "fp8-block-N": built on first use
+        if fp8_block_size(name) is None:
+            raise KeyError(name)
+        self[name] = Codec(name)
+        return self[name]
+
+
+SHIPPED_CODECS = _Codecs({name: Codec(name) for name in SHIPPED_BLOCK})
+"""Each shipped format's codec, by its `--expert-dtype` name (FP8 blocks of another side too: "fp8-block-64")."""
 
 
 def tensor_bytes(codec: Codec, rows: int, cols: int) -> int:

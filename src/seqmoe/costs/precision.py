@@ -46,16 +46,30 @@ SHIPPED = {
 }
 """The formats checkpoints ship their experts in: what `matrix_bytes` prices, named as `--expert-dtype` takes them."""
 SHIPPED_BLOCK = {"fp8-block": 128, "mxfp4": 32, "gptq-int4": 128, "q8_0": 32, "q5_0": 32, "q4_k": 256}
-"""Inputs per block (per scale) of each shipped format; fp8-block's blocks are that many outputs too."""
+"""Inputs per block (per scale) of each shipped format; fp8-block's blocks are that many outputs too
+(another side: "fp8-block-N", `fp8_block_size`)."""
 
 _UNITS = {"": 1, "B": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def fp8_block_size(precision) -> int | None:
+    """The block side of an FP8-block precision: 128 for "fp8-block", N for "fp8-block-N" (a release
+    whose config names weight_block_size [N, N]); None for any other precision."""
+    if precision == "fp8-block":
+        return 128
+    m = re.fullmatch(r"fp8-block-([1-9][0-9]{0,3})", precision) if isinstance(precision, str) else None
+    return int(m.group(1)) if m else None
+
+
+def _shipped_name(precision) -> bool:
+    return precision in SHIPPED or fp8_block_size(precision) is not None
 
 
 def check_precision(precision: str | None, shipped: bool = False) -> str | None:
     """`precision` when it is None or one of `PRECISIONS` (or, with `shipped`, of `SHIPPED`, or shipped
     formats per matrix: `shipped_formats`); UserError otherwise."""
     known = PRECISIONS + (tuple(SHIPPED) if shipped else ())
-    if precision is not None and precision not in known and not (shipped and _mixed(precision)):
+    if precision is not None and precision not in known and not (shipped and (_mixed(precision) or _shipped_name(precision))):
         raise UserError(f"unknown expert precision {precision!r}; choose one of: {', '.join(known)} "
                         + ("or one shipped format per matrix, e.g. q4_k/q4_k/q5_0 " if shipped else "")
                         + "(or none, to keep the model's)")
@@ -64,12 +78,12 @@ def check_precision(precision: str | None, shipped: bool = False) -> str | None:
 
 def _mixed(precision) -> bool:
     parts = precision.split("/") if isinstance(precision, str) else ()
-    return len(parts) > 1 and all(p in SHIPPED for p in parts)
+    return len(parts) > 1 and all(_shipped_name(p) for p in parts)
 
 
 def is_shipped(precision: str | None) -> bool:
     """Whether `precision` names a shipped format, or one per matrix (`shipped_formats`)."""
-    return precision in SHIPPED or _mixed(precision)
+    return _shipped_name(precision) or _mixed(precision)
 
 
 def shipped_formats(precision: str, matrices: int) -> tuple[str, ...]:
@@ -90,9 +104,10 @@ def matrix_bytes(rows: int, cols: int, precision: str) -> int:
     if precision in PRECISIONS:
         return quantized_bytes(rows * cols, precision)
     check_precision(precision, shipped=True)
-    block = SHIPPED_BLOCK[precision]
-    if precision == "fp8-block":
+    block = fp8_block_size(precision)
+    if block is not None:
         return rows * cols + -(-rows // block) * -(-cols // block) * 4
+    block = SHIPPED_BLOCK[precision]
     if cols % block or (precision == "gptq-int4" and rows % 8):
         raise UserError(f"{precision} stores a matrix's inputs in whole blocks of {block}"
                         + (" and its outputs in eights" if precision == "gptq-int4" else "")

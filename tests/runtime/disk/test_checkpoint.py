@@ -164,7 +164,7 @@ def test_wrong_shape_is_refused(saved):
 
 
 @pytest.mark.parametrize("qc, named", [({"quant_method": "fp8"}, "fp8$"),  # no block size: per-tensor FP8
-                                       ({"quant_method": "fp8", "weight_block_size": [64, 64]}, r"fp8 \(weight_block_size=\[64, 64\]\)"),
+                                       ({"quant_method": "fp8", "weight_block_size": [128, 64]}, r"fp8 \(weight_block_size=\[128, 64\]\)"),
                                        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes$"),
                                        ({"quant_method": "gptq", "bits": 8, "group_size": 128}, r"gptq \(bits=8, group_size=128\)")])
 def test_a_quantization_seqmoe_does_not_read_is_refused_in_one_line_naming_what_it_reads(saved, tmp_path, qc, named):
@@ -172,7 +172,7 @@ def test_a_quantization_seqmoe_does_not_read_is_refused_in_one_line_naming_what_
     config = json.loads((folder / "config.json").read_text())
     config["quantization_config"] = qc
     (folder / "config.json").write_text(json.dumps(config))
-    want = f"quantized by {named[:-1] if named.endswith('$') else named};.* seqmoe reads fp8 with 128 x 128 blocks .*mxfp4.*gptq"
+    want = f"quantized by {named[:-1] if named.endswith('$') else named};.* seqmoe reads fp8 with square blocks .*mxfp4.*gptq"
     for load in (lambda: load_skeleton(folder), lambda: _files(folder, tiny_model("mixtral"))):
         with pytest.raises(UserError, match=want) as err:
             load()

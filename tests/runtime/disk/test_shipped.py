@@ -181,6 +181,29 @@ def test_an_mxfp4_gpt_oss_checkpoint_gives_transformers_tokens_and_keeps_its_byt
     assert s["expert_bytes"] == codes + biases
 
 
+def test_an_fp8_checkpoint_of_another_block_side_reads_its_blocks(wide, tmp_path):
+    """weight_block_size [64, 64]: the layout is fp8-block-64, the scales one per 64 x 64 block."""
+    from transformers import AutoModelForCausalLM
+
+    codec = SHIPPED_CODECS["fp8-block-64"]
+
+    def fp8_64(sd):
+        out = {}
+        for k, v in sd.items():
+            if LINEAR.search(k):
+                parts = codec.encode(v[None])
+                out[k], out[k + "_scale_inv"] = parts["weight"][0], parts["weight_scale_inv"][0]
+            else:
+                out[k] = v
+        return out
+
+    folder = _rewrite(wide["qwen3_moe"], tmp_path / "fp8-64", {**FP8_CONFIG, "weight_block_size": [64, 64]}, fp8_64)
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
+    s = _same_as_reference(folder, reference)
+    assert s["expert_dtype"] == "fp8-block-64"
+    assert s["expert_bytes"] == _file_expert_bytes(folder, s["num_layers"], s["num_experts"])
+
+
 @pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
 def test_fp4_experts_of_an_fp8_checkpoint_give_transformers_tokens(wide, tmp_path, arch):
     """The second MXFP4 layout: per-expert FP4 codes and E8M0 scales in an FP8 release (not gpt-oss's keys)."""

@@ -112,7 +112,7 @@ def reads_in_kernel(layout) -> bool:
     """Whether the dequantizing gather's kernels decode every part of `layout`'s rows."""
     matrices = getattr(layout, "matrices", None)
     if matrices is not None:
-        return all(m[4] in SHIPPED_MODES for m in matrices)
+        return all(SHIPPED_CODECS[m[4]].kind in SHIPPED_MODES for m in matrices)
     return getattr(layout, "precision", None) in DEQUANT_MODES
 
 
@@ -154,9 +154,10 @@ def _gather_shipped(k, pool, host, slots, ids, layout, outs) -> dict[str, torch.
             suffixes = list(SHIPPED_CODECS[f].tensors(r, c))  # codes first, scales last (Q8_0: one tensor)
             code_off = layout.part(name, piece, suffixes[0])[0]
             scale_off = layout.part(name, piece, suffixes[-1])[0]
+            codec = SHIPPED_CODECS[f]
             k["shipped_gather"][(n, -(-(r * c) // mapped_kernels.BLOCK))](
-                pool, host, slots, ids, out, layout.numel, code_off, scale_off, r, c, numel, piece * r * c,
-                MODE=SHIPPED_MODES[f], TRANSPOSE=layout.base.in_out, BLOCK=mapped_kernels.BLOCK)
+                pool, host, slots, ids, out, layout.numel, code_off, scale_off, r, c, numel, piece * r * c, codec.block,
+                MODE=SHIPPED_MODES[codec.kind], TRANSPOSE=layout.base.in_out, BLOCK=mapped_kernels.BLOCK)
         params[name] = out.view(n, *shape)
     return params
 

@@ -25,7 +25,7 @@ import torch
 from seqmoe.arch import ExpertLayout, model_arch
 from seqmoe.arch.quant import QuantLayout, store_layout, stored_precision
 from seqmoe.arch.gguf_file import gguf_file, gguf_precision
-from seqmoe.arch.shipped import GPTQ_GROUP, SHIPPED_CODECS, shipped_precision
+from seqmoe.arch.shipped import GPTQ_GROUP, SHIPPED_CODECS, dense_fp8, shipped_precision
 from seqmoe.arch.shipped_layout import ShippedLayout
 from seqmoe.base.errors import UserError
 from seqmoe.runtime.disk.checkpoint import ExpertFiles, checkpoint_keys
@@ -118,7 +118,7 @@ def _resolve_dtype(dtype) -> torch.dtype:
 def _materialise(model: torch.nn.Module, index: CheckpointIndex, skip: set[str], mode: str | None) -> int:
     """Read every parameter and persistent buffer not in `skip` from the checkpoint, in place of the
     meta tensor; the bytes read. Tensors tied to one another appear once here (tie_weights re-ties)."""
-    reader, files, nbytes = DiskReader(mode), {}, 0
+    reader, files, nbytes, fp8 = DiskReader(mode), {}, 0, dense_fp8(index.folder)
     try:
         for name, meta, is_param in _dense_tensors(model, skip):
             if getattr(index, "gguf", None) is not None:  # a GGUF file: by its own tensor names, dequantized
@@ -130,7 +130,7 @@ def _materialise(model: torch.nn.Module, index: CheckpointIndex, skip: set[str],
                     _set(model, name, value.to(meta.dtype), is_param, meta)
                     nbytes += value.nbytes
                 continue
-            found = _dense_keys(index, name)
+            found = _dense_keys(index, name, fp8)
             if found is None:
                 continue  # tied (restored by tie_weights) or truly missing (reported after)
             precision, keys = found
@@ -151,15 +151,15 @@ def _materialise(model: torch.nn.Module, index: CheckpointIndex, skip: set[str],
     return nbytes
 
 
-def _dense_keys(index: CheckpointIndex, name: str):
+def _dense_keys(index: CheckpointIndex, name: str, fp8: str = "fp8-block"):
     """(shipped format or None, {part: checkpoint key}) of model tensor `name` in `index`: the tensor
-    itself ({"": key}), an FP8 weight with its `weight_scale_inv`, or a GPTQ linear's four tensors (parts
-    named as the format's codec names them); None when the checkpoint has none of them."""
+    itself ({"": key}), an FP8 weight with its `weight_scale_inv` (in `fp8`'s blocks), or a GPTQ linear's
+    four tensors (parts named as the format's codec names them); None when the checkpoint has none."""
     for key in checkpoint_keys(name):
         entry = index.tensors.get(key)
         if entry is not None:
             if entry.dtype == torch.float8_e4m3fn and key + "_scale_inv" in index.tensors:
-                return "fp8-block", {"weight": key, "weight_scale_inv": key + "_scale_inv"}
+                return fp8, {"weight": key, "weight_scale_inv": key + "_scale_inv"}
             return None, {"": key}
         base = key.removesuffix("weight")
         if key.endswith(".weight") and base + "qweight" in index.tensors:

@@ -100,12 +100,12 @@ def build() -> dict:
                 tl.store(dst, (q * scale).to(out.dtype.element_ty), mask=m)
 
     @triton.jit
-    def shipped_gather(pool, host, slots, ids, out, B, code_off, scale_off, R, C, out_numel, out_base,
+    def shipped_gather(pool, host, slots, ids, out, B, code_off, scale_off, R, C, out_numel, out_base, FB,
                        MODE: tl.constexpr, TRANSPOSE: tl.constexpr, BLOCK: tl.constexpr):
         # The linear [R, C] whose tensors start at byte code_off (codes) and scale_off (scales) of each
         # routed row, decoded into out [K, out_numel] at out_base (+ i * C + j, or with TRANSPOSE
-        # j * R + i: gpt-oss's [inputs, outputs]). MODE 0: fp8 e4m3 codes, a float32 scale per 128 x 128
-        # block; 1: MXFP4 (two e2m1 codes a byte, the even one low, an E8M0 byte per 32); 2: Q8_0 blocks of
+        # j * R + i: gpt-oss's [inputs, outputs]). MODE 0: fp8 e4m3 codes, a float32 scale per FB x FB
+        # block (edge blocks partial); 1: MXFP4 (two e2m1 codes a byte, the even one low, an E8M0 byte per 32); 2: Q8_0 blocks of
         # 34 bytes (a float16 scale, 32 int8 codes). Skipped rows (slot -2) come out zero.
         row = tl.program_id(0)
         idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -127,8 +127,8 @@ def build() -> dict:
                 ex, mant = (b >> 3) & 15, (b & 7).to(tl.float32)
                 mag = tl.where(ex == 0, mant * 0.001953125, (8.0 + mant) * tl.exp2((ex - 10).to(tl.float32)))
                 q = tl.where((b & 128) != 0, -mag, mag)
-                grid = (C + 127) // 128
-                scale = tl.load((src + scale_off).to(tl.pointer_type(tl.float32)) + (i // 128) * grid + j // 128, mask=m)
+                grid = (C + FB - 1) // FB
+                scale = tl.load((src + scale_off).to(tl.pointer_type(tl.float32)) + (i // FB) * grid + j // FB, mask=m)
             elif MODE == 1:
                 b = tl.load(src + code_off + idx // 2, mask=m).to(tl.int32)
                 nib = (b >> ((j % 2) * 4)) & 15
