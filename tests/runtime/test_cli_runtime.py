@@ -81,5 +81,5 @@ def test_generate_streams_experts_through_a_host_cache(checkpoint, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == prompt + tiny_tokenizer().decode(want[0, ids.shape[1]:], skip_special_tokens=True)
     stats = json.loads(lines[-1])
-    assert stats["host_rows"] == 10 and stats["disk_reads"] > 0 and "host_expert_s" in stats
+    assert stats["host_rows"] == 10 and stats["disk_reads"] > 0 and "sim_host_expert_s" in stats
     assert any(line.startswith("disk: a host cache of 10 experts") for line in lines)

@@ -60,7 +60,7 @@ def test_counts_equal_the_simulators_and_generation_is_exact(system, predictor_d
     c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     got = (s["ready"], s["late"], s["misses"], s["prefetches"], s["wasted_copies"], s["cancelled_prefetches"])
     assert got == (c.ready, c.late, c.misses, c.prefetches, c.wasted_copies, c.cancelled)
-    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
+    assert s["sim_time_s"] == pytest.approx(c.time_s, rel=1e-12)
     # The forecaster drove prefetches; with its long-range head (the current token forecast, this
     # model's few layers) it may not, and the head's values reached the policy instead.
     assert s["prefetches"] > 0 or far is not None
@@ -83,7 +83,7 @@ def test_drafted_look_ahead_live_equals_the_simulators(predictor_dir):
                                                  predictor=load_seq_predictor(predictor_dir), draft="ngram"), rt.miss)
     c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     assert (s["ready"], s["late"], s["misses"], s["prefetches"]) == (c.ready, c.late, c.misses, c.prefetches)
-    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
+    assert s["sim_time_s"] == pytest.approx(c.time_s, rel=1e-12)
 
 
 def test_token_ids_reach_the_forecaster_as_simulate_passes_them(predictor_dir):
@@ -150,7 +150,7 @@ def test_full_residency_skips_planning_with_the_same_counts(system, predictor_di
     c = simulate(trace, replay, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     assert (s["ready"], s["late"], s["misses"], s["prefetches"]) == (c.ready, c.late, c.misses, c.prefetches) == (
         c.ready, 0, 0, 0)
-    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
+    assert s["sim_time_s"] == pytest.approx(c.time_s, rel=1e-12)
 
 
 def test_generate_cli_runs_seqmoe_with_a_predictor(predictor_dir, tmp_path, capsys):

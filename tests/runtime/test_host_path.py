@@ -79,7 +79,7 @@ def test_host_path_counts_equal_the_simulators(system, miss, control):
     c = simulate(trace, sysobj, model=rt.model_profile, hardware=rt.hardware, capacity=rt.capacity, start=rt.start)
     assert (s["ready"], s["late"], s["misses"], s["misses_cpu"], s["misses_in_place"], s["sim_copies"]) == (
         c.ready, c.late, c.misses, c.host, c.in_place, c.copies)
-    assert s["time_s"] == pytest.approx(c.time_s, rel=1e-12)
+    assert s["sim_time_s"] == pytest.approx(c.time_s, rel=1e-12)
 
 
 def test_the_default_miss_is_auto_inline_and_copy_in_a_posted_step():

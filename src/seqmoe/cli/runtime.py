@@ -196,8 +196,8 @@ def run_generate(args) -> int:
               f"{stats['host_rows'] / (stats['num_layers'] * stats['num_experts']):.3g}, {stats['host_policy']}), hit rate "
               f"{stats['host_hit_rate']:.3f}; {stats['disk_reads']} experts read ({_mib(stats['disk_bytes'])}, "
               f"{_mib(stats['disk_bytes_per_token'])} per token)")
-    host = stats["host_expert_s"]
-    print(f"cost model: {runtime.hardware.name}: {1e6 * stats['copy_time_s']:.1f} us per expert copy"
+    host = stats["sim_host_expert_s"]
+    print(f"cost model: {runtime.hardware.name}: {1e6 * stats['sim_copy_time_s']:.1f} us per expert copy"
           + (f", {1e6 * host:.1f} us per expert on the host CPU" if host is not None else ""))
     fc = stats["forecaster"]
     if fc is not None and fc["source"] != "given":

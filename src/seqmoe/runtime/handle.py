@@ -39,6 +39,11 @@ def _shutdown(thread, worker, host, learner, cache) -> None:
         learner.close()
 
 
+VIRTUAL_CLOCK = ("time_s", "tokens_per_s", "stall_s", "time_per_step_s", "full_load_time_s", "full_load_fraction",
+                 "copy_time_s", "host_expert_s")
+"""The summary's fields on the simulator's clock or cost model: `stats()` names them `sim_*`, beside measured ones."""
+
+
 class OffloadRuntime:
     """Handle of one offloaded model: stats, the routing trace, restore. Built by `offload`."""
 
@@ -116,9 +121,10 @@ class OffloadRuntime:
         self.worker.drain()
 
     def stats(self) -> dict:
-        """The control plane's metrics (the simulator's summary on the virtual clock: `time_s`,
-        `sim_copies`) and the data plane's counts (`copies` and `bytes_copied` really run, reads).
-        Only reads: safe from another thread while the model runs."""
+        """The control plane's metrics (the simulator's summary on the virtual clock, every time and speed
+        named `sim_*`: `sim_time_s`, `sim_tokens_per_s`, `sim_copies`) and the data plane's counts (`copies`
+        and `bytes_copied` really run, reads). A measured speed is the caller's to time (generate prints
+        one). Only reads: safe from another thread while the model runs."""
         self._catch_up()
         pool = self.pool
         device_reads = pool.device_reads.tolist()
@@ -127,10 +133,9 @@ class OffloadRuntime:
         eb = pool.expert_bytes
         tokens = counts.num_tokens
         per_token = (lambda s: 1e6 * s / tokens) if tokens else (lambda s: 0.0)
-        summary = summarize(counts, expert_bytes=eb)
+        summary = {(f"sim_{k}" if k in VIRTUAL_CLOCK else k): v for k, v in summarize(counts, expert_bytes=eb).items()}
         if pool.cache is not None:  # the simulated disk tier's counts beside the host cache's real ones
-            summary = {(f"sim_{k}" if k.startswith(("disk_", "host_")) and k != "host_expert_s" else k): v
-                       for k, v in summary.items()}
+            summary = {(f"sim_{k}" if k.startswith(("disk_", "host_")) else k): v for k, v in summary.items()}
             # a read takes the file's bytes of an expert (more than the row's when rows are quantized as read)
             disk = summary["sim_disk_reads"] * pool.cache.files.expert_nbytes(0, 0)
             summary.update(sim_disk_bytes=disk, sim_disk_bytes_per_token=disk / tokens if tokens else 0.0)

@@ -33,7 +33,7 @@ from seqmoe.trace.schema import RoutingTrace
 
 _STATS = ("hit_rate", "miss_rate", "copies", "host_rows", "host_hit_rate", "disk_reads", "disk_bytes_per_token",
           "sim_host_hit_rate", "sim_disk_bytes_per_token", "sim_disk_stall_s",
-          "stall_s", "time_s", "dense_bytes", "rss_before_load_bytes", "device_expert_bytes", "host_expert_bytes")
+          "sim_stall_s", "sim_time_s", "dense_bytes", "rss_before_load_bytes", "device_expert_bytes", "host_expert_bytes")
 
 
 def repeated(replay: RoutingTrace, n: int) -> RoutingTrace:
@@ -124,7 +124,7 @@ def disk_replay_bench(folder, replay: RoutingTrace, *, systems=("on-demand-lru",
         reset_peak()
         end, marks, wall, n, outs = _replay_run(folder, replay, residency=residency, host_memory=host_memory,
                                                 system=system, miss="copy", train=train, hardware=machine["hardware"])
-        sim_s = (end["time_s"] - marks["time_s"]) / (end["tokens"] - marks["tokens"])
+        sim_s = (end["sim_time_s"] - marks["sim_time_s"]) / (end["tokens"] - marks["tokens"])
         measured_s = wall / n
         first = outs if first is None else first
         row = {"system": system, "residency": residency, "host_memory": str(host_memory), "ms_per_token": 1e3 * measured_s,

@@ -179,12 +179,12 @@ def _run(model, forced, replay, device, system, r, train, predictor, hw, full_to
         end = rt.stats()
     finally:
         rt.restore()
-    sim_s = (end["time_s"] - marks["time_s"]) / (end["tokens"] - marks["tokens"])
+    sim_s = (end["sim_time_s"] - marks["sim_time_s"]) / (end["tokens"] - marks["tokens"])
     row = {"system": system, "residency": r, "capacity": end["capacity"], "miss": end["miss"], "control": rt.control,
            "misses_cpu": end["misses_cpu"], "misses_in_place": end["misses_in_place"], "tokens_per_s": n / wall,
            "ms_per_token": 1e3 * wall / n, "vs_full": token_s / (wall / n), "exact": outs == full_tokens,
            "sim_ms_per_token": 1e3 * sim_s, "sim_over_measured": sim_s / (wall / n),
-           "bytes_copied": end["bytes_copied"], "stall_s": end["stall_s"],
+           "bytes_copied": end["bytes_copied"], "sim_stall_s": end["sim_stall_s"],
            **{k: end[k] for k in _STATS}}
     log(f"{system} r={r}: {row['ms_per_token']:.3f} ms/token (simulated {row['sim_ms_per_token']:.3f}), "
         f"hit rate {row['hit_rate']:.3f}, exact {row['exact']}")
