@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-ROOM_STEP = 32
+ROOM_STEP = 64
 """An eagerly run cache grows and shrinks by this many positions: attention over at most this many
 unused ones, and one copy of the live rows per this many steps (a growing cache copies every step)."""
 
