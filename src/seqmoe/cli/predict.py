@@ -93,10 +93,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     load = config_from_args(LoadConfig, args)
     texts = texts_from(args.text) if args.text else None  # a bad folder fails before the model loads
-    if load.threads:
-        import torch  # torch: only when this runs
+    import torch  # torch: only when this runs
 
-        torch.set_num_threads(load.threads)
+    torch.set_num_threads(load.torch_threads())
     model, tok = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress(args))
     if tok is None:
         raise UserError(f"{load.model} has no tokenizer files; calibrate encodes text with it")

@@ -227,7 +227,7 @@ def run_bench(args) -> int:
     from seqmoe.arch.collect import load_model  # torch: only when this runs
     from seqmoe.runtime.timing.decode import PROMPTS, bench_runtime, format_table  # torch: only when this runs
 
-    torch.set_num_threads(load.threads)
+    torch.set_num_threads(load.torch_threads())
     train = load_trace(args.train) if args.train else None
     model, tok = load_model(load.model, device="cpu", dtype=load.dtype, progress=progress(args))
     if tok is None:

@@ -96,8 +96,7 @@ def load_offloaded(load_cfg: LoadConfig, cfg: OffloadConfig, *, needs: str, prog
     needed (said when the folder has none, before anything loads)."""
     if not has_tokenizer_files(resolve_model_dir(load_cfg.model)):
         raise UserError(f"{load_cfg.model} has no tokenizer files; {needs}")
-    if load_cfg.threads:
-        torch.set_num_threads(load_cfg.threads)
+    torch.set_num_threads(load_cfg.torch_threads())
     if isinstance(cfg.train, (str, os.PathLike)):  # a bad file fails before the model loads
         cfg = dataclasses.replace(cfg, train=load_trace(cfg.train))
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
