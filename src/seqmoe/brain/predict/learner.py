@@ -160,8 +160,11 @@ def main() -> int:
         os.nice(19)  # below the decode step, the host expert path and the control plane
     except OSError:
         pass
-    from seqmoe.brain.predict.train import OnlineTrainer  # torch: only when this runs
+    import torch  # torch: only when this runs
 
+    from seqmoe.brain.predict.train import OnlineTrainer
+
+    torch.set_num_threads(1)  # one thread, at the lowest priority: torch would take every core beside the model
     inp, out = sys.stdin.buffer, sys.stdout.buffer
     try:
         config, weights, save_to, seed = read_message(inp)
