@@ -107,7 +107,8 @@ def check_shipped_gather() -> None:
     from seqmoe.arch.quant import store_layout
     from tests.runtime.conftest import fresh
 
-    cases = (("olmoe", "fp8-block"), ("olmoe", "fp8-block-16"), ("mixtral", "mxfp4"), ("gpt_oss", "mxfp4"), ("gpt_oss", "q8_0"),
+    cases = (("olmoe", "fp8-block"), ("olmoe", "fp8-block-16"), ("mixtral", "mxfp4"), ("gpt_oss", "mxfp4"),
+             ("gpt_oss", "q8_0"),
              ("mixtral", "q8_0/mxfp4/fp8-block"))
     for arch_name, precision in cases:
         arch = model_arch(fresh(arch_name))

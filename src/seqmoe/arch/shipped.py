@@ -275,7 +275,8 @@ def _q5_0_encode(w):
     lo = (q[..., :16] & 0xF) | ((q[..., 16:] & 0xF) << 4)
     qh = ((q >> 4) << torch.arange(32, device=w.device)).sum(-1).to(torch.int64)
     qh = torch.where(qh >= 2 ** 31, qh - 2 ** 32, qh).to(torch.int32)
-    return {"": torch.cat([_as_bytes(d, torch.float16), _as_bytes(qh, torch.int32), lo.to(torch.uint8)], -1).view(n, rows, -1)}
+    parts = [_as_bytes(d, torch.float16), _as_bytes(qh, torch.int32), lo.to(torch.uint8)]
+    return {"": torch.cat(parts, -1).view(n, rows, -1)}
 
 
 def _q5_0_decode(parts, rows, cols):

@@ -163,10 +163,11 @@ def test_wrong_shape_is_refused(saved):
         _files(saved("olmoe"), model, layout=layout)
 
 
-@pytest.mark.parametrize("qc, named", [({"quant_method": "fp8"}, "fp8$"),  # no block size: per-tensor FP8
-                                       ({"quant_method": "fp8", "weight_block_size": [128, 64]}, r"fp8 \(weight_block_size=\[128, 64\]\)"),
-                                       ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes$"),
-                                       ({"quant_method": "gptq", "bits": 8, "group_size": 128}, r"gptq \(bits=8, group_size=128\)")])
+@pytest.mark.parametrize("qc, named", [
+    ({"quant_method": "fp8"}, "fp8$"),  # no block size: per-tensor FP8
+    ({"quant_method": "fp8", "weight_block_size": [128, 64]}, r"fp8 \(weight_block_size=\[128, 64\]\)"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "bitsandbytes$"),
+    ({"quant_method": "gptq", "bits": 8, "group_size": 128}, r"gptq \(bits=8, group_size=128\)")])
 def test_a_quantization_seqmoe_does_not_read_is_refused_in_one_line_naming_what_it_reads(saved, tmp_path, qc, named):
     folder = _copy(saved, "mixtral", tmp_path)
     config = json.loads((folder / "config.json").read_text())

@@ -103,7 +103,8 @@ def test_a_gguf_file_gives_transformers_tokens_with_its_experts_in_their_blocks(
 
 @pytest.mark.parametrize("kwargs, match", [
     (dict(last_down="q4_k"), r"stores layer 1's experts as Q4_K/Q4_K/Q4_K and layer 0's as Q4_K/Q4_K/Q8_0; .* --pure"),
-    (dict(formats=("q4_k", "q4_k", "f16")), r"stores its experts as Q4_K/Q4_K/F16; seqmoe reads GGUF experts in Q8_0, Q5_0, Q4_K"),
+    (dict(formats=("q4_k", "q4_k", "f16")),
+     r"stores its experts as Q4_K/Q4_K/F16; seqmoe reads GGUF experts in Q8_0, Q5_0, Q4_K"),
     (dict(arch="llama"), r"GGUF file of a llama model; seqmoe reads GGUF files of qwen2moe, qwen3moe models"),
 ])
 def test_a_gguf_file_seqmoe_cannot_keep_is_refused_before_loading(model, tmp_path, kwargs, match):

@@ -1,5 +1,6 @@
 """Checkpoints as they ship (issue 41): tiny checkpoints written in FP8 with 128 x 128 blocks (DeepSeek-V3 /
-Qwen3-FP8 keys), MXFP4 (gpt-oss's keys, and per-expert FP4 codes in an FP8 release) and GPTQ int4 (AutoGPTQ's keys), loaded by seqmoe with their
+Qwen3-FP8 keys), MXFP4 (gpt-oss's keys, and per-expert FP4 codes in an FP8 release) and GPTQ int4
+(AutoGPTQ's keys), loaded by seqmoe with their
 experts kept in the file's codes, offloaded (every expert in the host cache) and streamed (a host cache
 of 30 % of them), give the tokens and logits of the reference: transformers' own dequantizing load of
 the same file (FP8, MXFP4), or for GPTQ, which transformers cannot read on a CPU without gptqmodel, the

@@ -5,7 +5,8 @@
 
 DST holds the source's other files (config.json, tokenizer, ...), its dense tensors unchanged
 (`model-dense.safetensors`), each MoE layer's routed experts as one [E, B] uint8 tensor of
-`QuantLayout` rows, or `ShippedLayout` rows for a shipped format's layout (`experts-LLLLL.safetensors`, key `{experts module path}.seqmoe_rows`), a
+`QuantLayout` rows, or `ShippedLayout` rows for a shipped format's layout (`experts-LLLLL.safetensors`,
+key `{experts module path}.seqmoe_rows`), a
 `model.safetensors.index.json` over them, and `seqmoe_experts.json` (format, precision, dtype).
 The format is in docs/DESIGN.md ("Converted checkpoints").
 

@@ -105,8 +105,8 @@ def build() -> dict:
         # The linear [R, C] whose tensors start at byte code_off (codes) and scale_off (scales) of each
         # routed row, decoded into out [K, out_numel] at out_base (+ i * C + j, or with TRANSPOSE
         # j * R + i: gpt-oss's [inputs, outputs]). MODE 0: fp8 e4m3 codes, a float32 scale per FB x FB
-        # block (edge blocks partial); 1: MXFP4 (two e2m1 codes a byte, the even one low, an E8M0 byte per 32); 2: Q8_0 blocks of
-        # 34 bytes (a float16 scale, 32 int8 codes). Skipped rows (slot -2) come out zero.
+        # block (edge blocks partial); 1: MXFP4 (two e2m1 codes a byte, the even one low, an E8M0 byte per
+        # 32); 2: Q8_0 blocks of 34 bytes (a float16 scale, 32 int8 codes). Skipped rows (slot -2) are zero.
         row = tl.program_id(0)
         idx = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
         m = idx < R * C
