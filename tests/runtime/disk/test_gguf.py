@@ -39,11 +39,21 @@ def model():
     return model
 
 
-def write_gguf(model, path, formats=("q4_k", "q4_k", "q8_0"), arch="qwen3moe", last_down=None):
+def write_gguf(model, path, formats=("q4_k", "q4_k", "q8_0"), arch="qwen3moe", last_down=None, tokenizer=False):
     """`model` as llama.cpp's converter writes a Qwen3-MoE: metadata, tensors by GGUF name, experts [E, rows,
-    row bytes] in `formats` (gate, up, down; `last_down`: another for the last layer's down)."""
+    row bytes] in `formats` (gate, up, down; `last_down`: another for the last layer's down); with `tokenizer`
+    a byte-level BPE of the printable characters and one merge ("ab"), which transformers reads back."""
     c = model.config
     w = gguf.GGUFWriter(path, arch)
+    if tokenizer:
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("default")
+        w.add_token_list([chr(i) if 32 <= i < 127 else f"<{i}>" for i in range(127)] + ["ab"])
+        w.add_token_types([1] * 128)
+        w.add_token_scores([0.0] * 128)
+        w.add_token_merges(["a b"])
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
     w.add_context_length(c.max_position_embeddings)
     w.add_block_count(L)
     w.add_embedding_length(H)
@@ -114,3 +124,19 @@ def test_a_gguf_file_seqmoe_cannot_keep_is_refused_before_loading(model, tmp_pat
     assert "\n" not in str(err.value)
     with pytest.raises(UserError, match="GGUF file, which transformers would dequantize whole"):
         seqmoe.arch.collect.load_model(path, tokenizer=False)
+
+
+def test_seqmoe_generate_opens_a_gguf_file_with_the_tokenizer_it_carries(model, tmp_path, capsys):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from seqmoe.cli import main
+
+    path = write_gguf(model, tmp_path / "tiny.gguf", tokenizer=True)
+    tok = AutoTokenizer.from_pretrained(tmp_path, gguf_file=path.name)
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
+    ids = tok("abc def", return_tensors="pt").input_ids
+    want = tok.decode(reference.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0)[0, ids.shape[1]:],
+                      skip_special_tokens=True)
+    assert main(["generate", "--model", str(path), "--prompt", "abc def", "--max-new-tokens", "6", "--device", "cpu",
+                 "--dtype", "float32", "--no-progress"]) == 0
+    assert capsys.readouterr().out.startswith("abc def" + want + "\n")
