@@ -46,8 +46,9 @@ def gguf_reader(path):
     st = Path(path).stat()
     try:
         return _reader(str(path), (st.st_size, st.st_mtime_ns, st.st_ino))
-    except (ValueError, KeyError) as e:
-        raise UserError(f"{path} is not a GGUF file gguf-py reads ({e}); give a GGUF file llama.cpp wrote") from None
+    except Exception as e:  # noqa: BLE001 - any failure to parse the file is the file's: say so, in one line
+        raise UserError(f"{path} is not a GGUF file gguf-py reads ({type(e).__name__}: {e}); give a GGUF file "
+                        "llama.cpp wrote") from None
 
 
 def gguf_precision(path) -> str:

@@ -140,3 +140,12 @@ def test_seqmoe_generate_opens_a_gguf_file_with_the_tokenizer_it_carries(model, 
     assert main(["generate", "--model", str(path), "--prompt", "abc def", "--max-new-tokens", "6", "--device", "cpu",
                  "--dtype", "float32", "--no-progress"]) == 0
     assert capsys.readouterr().out.startswith("abc def" + want + "\n")
+
+
+@pytest.mark.parametrize("keep", [4, 200])  # the magic alone; a header cut short
+def test_a_file_that_is_not_a_whole_gguf_is_refused_in_one_line(model, tmp_path, keep):
+    path = write_gguf(model, tmp_path / "tiny.gguf")
+    path.write_bytes(path.read_bytes()[:keep])
+    with pytest.raises(UserError, match="is not a GGUF file gguf-py reads") as err:
+        seqmoe.load(path, residency=0.3, device="cpu")
+    assert "\n" not in str(err.value)
