@@ -41,17 +41,19 @@ def _fp4_experts(folder: Path) -> bool:
     two e2m1 codes a byte, with uint8 E8M0 exponents per 32 inputs as its `weight_scale_inv`)."""
     from safetensors import safe_open  # read the header of the shard holding one expert weight
 
-    index = folder / "model.safetensors.index.json"
-    where = json.loads(index.read_text()).get("weight_map", {}) if index.is_file() else None
-    names = where or {}
-    if where is None and (folder / "model.safetensors").is_file():
-        with safe_open(folder / "model.safetensors", "pt") as f:
-            names = dict.fromkeys(f.keys(), "model.safetensors")
-    key = next((k for k in names if ".experts." in k and k.endswith(".weight")), None)
-    if key is None:
+    try:
+        index = folder / "model.safetensors.index.json"
+        names = json.loads(index.read_text()).get("weight_map") or {} if index.is_file() else {}
+        if not index.is_file() and (folder / "model.safetensors").is_file():
+            with safe_open(folder / "model.safetensors", "pt") as f:
+                names = dict.fromkeys(f.keys(), "model.safetensors")
+        key = next((k for k in names if ".experts." in k and k.endswith(".weight")), None)
+        if key is None:
+            return False
+        with safe_open(folder / names[key], "pt") as f:
+            return f.get_slice(key).get_dtype() in ("I8", "U8")
+    except Exception:  # noqa: BLE001 - a malformed or missing file: the checkpoint index says what is wrong with it
         return False
-    with safe_open(folder / names[key], "pt") as f:
-        return f.get_slice(key).get_dtype() in ("I8", "U8")
 
 
 def _fp8_blocks(q: dict) -> str | None:
