@@ -20,15 +20,11 @@ from dataclasses import dataclass
 import torch
 
 
-def batchable(cache) -> bool:
-    """Whether every layer of `cache` (a fresh `DynamicCache` of the model) keeps its whole history as
-    [B, H, S, D] keys and values that rows can be padded and joined in (sliding-window layers do not)."""
-    return all(not getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [None]))
-
-
 def why_one_at_a_time(cache) -> str | None:
-    """Why the batcher must decode one request at a time (None: it may batch)."""
-    if not batchable(cache):
+    """Why the batcher must decode one request at a time (None: it may batch): every layer of `cache` (a
+    fresh `DynamicCache` of the model) must keep its whole history as [B, H, S, D] keys and values that rows
+    can be padded and joined in, which sliding-window layers do not."""
+    if any(getattr(layer, "is_sliding", False) for layer in getattr(cache, "layers", [None])):
         return "the model's cache has sliding-window layers, which rows cannot be padded and joined in"
     return None
 
