@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,21 +64,24 @@ def _fp8_blocks(q: dict) -> str | None:
     return name if fp8_block_size(name) else None
 
 
+def _quantization_config(folder) -> dict | None:
+    """config.json's quantization_config of the checkpoint in `folder` (None: it declares none; {}: not a dict)."""
+    path = Path(folder) / "config.json"
+    q = json.loads(path.read_text()).get("quantization_config") if path.is_file() else None
+    return (q if isinstance(q, dict) else {}) if q else None
+
+
 def dense_fp8(folder) -> str:
     """The fp8-block name a checkpoint's FP8 dense linears are stored in (its config's blocks; default 128)."""
-    path = Path(folder) / "config.json"
-    q = (json.loads(path.read_text()).get("quantization_config") if path.is_file() else None) or {}
-    return _fp8_blocks(q) if isinstance(q, dict) and _fp8_blocks(q) else "fp8-block"
+    return _fp8_blocks(_quantization_config(folder) or {}) or "fp8-block"
 
 
 def shipped_precision(folder) -> str | None:
     """The shipped format (a `SHIPPED` name) of the checkpoint in `folder` per its config.json's
     quantization_config; None when it declares none; UserError for a quantization seqmoe does not read."""
-    path = Path(folder) / "config.json"
-    q = json.loads(path.read_text()).get("quantization_config") if path.is_file() else None
-    if not q:
+    q = _quantization_config(folder)
+    if q is None:
         return None
-    q = q if isinstance(q, dict) else {}
     method = q.get("quant_method", "?")
     fp8 = _fp8_blocks(q)
     if fp8 is not None:
@@ -329,6 +331,8 @@ _ENCODE = {"mxfp4": _mxfp4_encode, "gptq-int4": gptq_encode, "q8_0": _q8_0_encod
            "q5_0": _q5_0_encode, "q4_k": _q4_k_encode}
 _DECODE = {"mxfp4": _mxfp4_decode, "gptq-int4": _gptq_decode, "q8_0": _q8_0_decode,
            "q5_0": _q5_0_decode, "q4_k": _q4_k_decode}
+
+
 class _Codecs(dict):
     def __missing__(self, name: str) -> Codec:  # "fp8-block-N": built on first use
         if fp8_block_size(name) is None:
@@ -340,8 +344,3 @@ class _Codecs(dict):
 SHIPPED_CODECS = _Codecs({name: Codec(name) for name in SHIPPED_BLOCK})
 """Each shipped format's codec, by its `--expert-dtype` name (FP8 blocks of another side too: "fp8-block-64")."""
 
-
-def tensor_bytes(codec: Codec, rows: int, cols: int) -> int:
-    """Bytes of the tensors `codec` stores for one [rows, cols] matrix."""
-    return sum(math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-               for shape, dtype in codec.tensors(rows, cols).values())
