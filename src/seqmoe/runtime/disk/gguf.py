@@ -3,7 +3,7 @@ disk tier, and its dense tensors decoded as they are read; the routed experts st
 
     config = gguf_config(path)                 # a transformers config, as from_pretrained(gguf_file=) reads it
     index = gguf_index(path)                   # a CheckpointIndex over the file (tensors by GGUF name, raw bytes)
-    t = gguf_dense(index, "model.norm.weight", reader, files)   # a dense tensor, dequantized (None: not in the file)
+    t, n = gguf_dense(index, "model.norm.weight", reader, files)   # a dense tensor, dequantized, and its bytes read
 
 Expert rows are planned by `checkpoint.ExpertFiles` (each expert's slice of `blk.N.ffn_{gate,up,down}_exps`);
 their formats are `seqmoe.arch.shipped.gguf_precision`'s. gguf-py (llama.cpp's reader) parses the file and
@@ -53,9 +53,9 @@ def gguf_index(path: Path) -> CheckpointIndex:
     return index
 
 
-def gguf_dense(index: CheckpointIndex, name: str, reader, files: dict) -> torch.Tensor | None:
+def gguf_dense(index: CheckpointIndex, name: str, reader, files: dict) -> tuple[torch.Tensor, int] | None:
     """Model tensor `name` (e.g. "model.layers.0.self_attn.q_proj.weight") from GGUF `index`, dequantized
-    by gguf-py when block-quantized; None when the file has no tensor of that name."""
+    by gguf-py when block-quantized, and the bytes read for it; None when the file has no tensor of that name."""
     from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, get_tensor_name_map, quants
 
     names = index.__dict__.get("_names")
@@ -71,5 +71,5 @@ def gguf_dense(index: CheckpointIndex, name: str, reader, files: dict) -> torch.
     raw = index.read_tensor(key, reader, files)
     kind = index.gguf[key]
     if kind in _FLOAT:
-        return raw
-    return torch.from_numpy(quants.dequantize(raw.numpy(), GGMLQuantizationType[kind]).copy())
+        return raw, raw.nbytes
+    return torch.from_numpy(quants.dequantize(raw.numpy(), GGMLQuantizationType[kind]).copy()), raw.nbytes

@@ -122,13 +122,14 @@ def _materialise(model: torch.nn.Module, index: CheckpointIndex, skip: set[str],
     try:
         for name, meta, is_param in _dense_tensors(model, skip):
             if getattr(index, "gguf", None) is not None:  # a GGUF file: by its own tensor names, dequantized
-                value = gguf_dense(index, name, reader, files)
-                if value is not None:
+                found = gguf_dense(index, name, reader, files)
+                if found is not None:
+                    value, read = found
                     if tuple(value.shape) != tuple(meta.shape):
                         raise UserError(f"{name} in {index.folder} is {list(value.shape)}, but the model's is "
                                         f"{list(meta.shape)}: the file's metadata does not describe its tensors")
                     _set(model, name, value.to(meta.dtype), is_param, meta)
-                    nbytes += value.nbytes
+                    nbytes += read
                 continue
             found = _dense_keys(index, name, fp8)
             if found is None:
