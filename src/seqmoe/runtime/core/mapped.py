@@ -27,6 +27,8 @@ gathered rows, with no pass over a gathered copy.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from seqmoe.arch.shipped import SHIPPED_CODECS
@@ -110,10 +112,28 @@ def dequantizes(layout, device: torch.device) -> bool:
 
 def reads_in_kernel(layout) -> bool:
     """Whether the dequantizing gather's kernels decode every part of `layout`'s rows."""
-    matrices = getattr(layout, "matrices", None)
-    if matrices is not None:
-        return all(SHIPPED_CODECS[m[4]].kind in SHIPPED_MODES for m in matrices)
+    if getattr(layout, "matrices", None) is not None:
+        return _shipped_launches(layout) is not None
     return getattr(layout, "precision", None) in DEQUANT_MODES
+
+
+@functools.lru_cache(maxsize=32)
+def _shipped_launches(layout) -> tuple | None:
+    """Per parameter of a `ShippedLayout`, the fixed arguments of its kernels (worked out once per layout,
+    not at every step): (name, vector offset or None, ((code offset, scale offset, rows, cols, out base,
+    block, mode), ...)); None when some linear's format has no kernel."""
+    out = []
+    for name, shape in zip(layout.names, layout.shapes):
+        linears = []
+        for _, piece, r, c, f in (m for m in layout.matrices if m[0] == name):
+            codec = SHIPPED_CODECS[f]
+            if codec.kind not in SHIPPED_MODES:
+                return None
+            suffixes = list(codec.tensors(r, c))  # codes first, scales last (Q8_0: one tensor)
+            linears.append((layout.part(name, piece, suffixes[0])[0], layout.part(name, piece, suffixes[-1])[0],
+                            r, c, piece * r * c, codec.block, SHIPPED_MODES[codec.kind]))
+        out.append((name, layout.part(name, -1, "")[0] if len(shape) < 2 else None, tuple(linears)))
+    return tuple(out)
 
 
 def gather_dequantized(pool: torch.Tensor, host: torch.Tensor, table: torch.Tensor, ids: torch.Tensor, layout,
@@ -143,21 +163,16 @@ def gather_dequantized(pool: torch.Tensor, host: torch.Tensor, table: torch.Tens
 def _gather_shipped(k, pool, host, slots, ids, layout, outs) -> dict[str, torch.Tensor]:
     """`gather_dequantized` of a `ShippedLayout`: each linear decoded into its place in its parameter
     (gate then up; transposed in a family of [inputs, outputs] matrices), each vector copied."""
-    n, params = ids.shape[0], {}
-    for name, shape in zip(layout.names, layout.shapes):
+    n, params, B = ids.shape[0], {}, mapped_kernels.BLOCK
+    for (name, at, linears), shape in zip(_shipped_launches(layout), layout.shapes):
         out, numel = outs[name], outs[name].shape[1]
-        if len(shape) < 2:
-            at = layout.part(name, -1, "")[0]
-            k["dequant_gather"][(n, -(-numel // mapped_kernels.BLOCK))](
-                pool, host, slots, ids, out, layout.numel, at, 0, numel, MODE=2, GROUP=GROUP, BLOCK=mapped_kernels.BLOCK)
-        for _, piece, r, c, f in (m for m in layout.matrices if m[0] == name):
-            suffixes = list(SHIPPED_CODECS[f].tensors(r, c))  # codes first, scales last (Q8_0: one tensor)
-            code_off = layout.part(name, piece, suffixes[0])[0]
-            scale_off = layout.part(name, piece, suffixes[-1])[0]
-            codec = SHIPPED_CODECS[f]
-            k["shipped_gather"][(n, -(-(r * c) // mapped_kernels.BLOCK))](
-                pool, host, slots, ids, out, layout.numel, code_off, scale_off, r, c, numel, piece * r * c, codec.block,
-                MODE=SHIPPED_MODES[codec.kind], TRANSPOSE=layout.base.in_out, BLOCK=mapped_kernels.BLOCK)
+        if at is not None:
+            k["dequant_gather"][(n, -(-numel // B))](pool, host, slots, ids, out, layout.numel, at, 0, numel, MODE=2,
+                                                    GROUP=GROUP, BLOCK=B)
+        for code_off, scale_off, r, c, base, block, mode in linears:
+            k["shipped_gather"][(n, -(-(r * c) // B))](
+                pool, host, slots, ids, out, layout.numel, code_off, scale_off, r, c, numel, base, block,
+                MODE=mode, TRANSPOSE=layout.base.in_out, BLOCK=B)
         params[name] = out.view(n, *shape)
     return params
 
