@@ -31,6 +31,8 @@ from seqmoe.costs.profiles import HardwareProfile, get_hardware_profile, get_mod
 from seqmoe.brain.manager.disk_clock import host_rows
 from seqmoe.brain.manager.host_tier import POLICIES as HOST_POLICIES
 from seqmoe.brain.rerouting import ROUTINGS, check_routing
+from seqmoe.costs.profiles import LINKS
+from seqmoe.brain.manager.placement import RESETS
 
 DEFAULT_SYSTEM = "on-demand-lru"
 """The system of a replay when none is named: the plain demand-paging baseline every comparison starts from."""
@@ -176,6 +178,20 @@ class SimConfig(ManagerConfig):
     """The host cache as a fraction of all experts, in (0, 1], instead of --host-memory."""
     host_policy: str | None = None
     """The host cache's policy: lru or forecast (default: forecast for systems with a predictor, else lru)."""
+    link: str = LINKS[0]
+    """priced (copies cost what the hardware profile says) or free (copies cost nothing: hit rates measure
+    prediction quality alone, as MoE-Beyond's protocol does; the row's time fields are then None)."""
+    reset: str | None = None
+    """Replay every request alone from its own start pool: random (--seed), frequency (the training split's
+    most used) or empty; default: one pool carried from request to request, starting from frequency's."""
+    warmup: int = 0
+    """Tokens at the start of each request that are replayed but not scored (MoE-Beyond's protocol: 10)."""
+    predictions: str | None = field(default=None, metadata={"metavar": "PATH"})
+    """Predictions made elsewhere for moe-beyond-style to replay: a folder of MoE-Beyond predicted CSVs, or a
+    .safetensors of predicted_ids [T, L, P] and request_offsets (docs/DESIGN.md, "External predictions")."""
+    prediction_lead: int | None = None
+    """Positions (token x layer) before its layer each prediction was known: 0 for a predictor that reads the
+    layer's own gate input (MoE-Beyond's), which cannot prefetch on a priced link (the row says so)."""
 
     DEFAULTS = {"system": DEFAULT_SYSTEM, "residency": DEFAULT_RESIDENCY, "miss": "copy", "hardware": DEFAULT_HARDWARE}
 
@@ -194,6 +210,7 @@ class SimConfig(ManagerConfig):
             raise UserError(f"--max-tokens must be at least 1, got {self.max_tokens}")
         if self.window_tokens is not None and self.window_tokens < 1:
             raise UserError(f"--window-tokens must be at least 1, got {self.window_tokens}")
+        self._check_protocol()
         if self.online and self.predictor is not None:
             raise UserError("--online learns the forecaster from the replayed routing: drop --predictor")
         if self.online:
@@ -201,6 +218,28 @@ class SimConfig(ManagerConfig):
             if (spec.learns and not spec.needs_predictor) or spec.needs_pregate:
                 raise UserError(f"system {self.system!r} learns from a training trace, which --online replays "
                                 "without; choose one that learns nothing or a seqmoe system")
+
+    def _check_protocol(self) -> None:
+        if system_spec(self.system).needs_predictions and (self.predictions is None or self.prediction_lead is None):
+            raise UserError(f"system {self.system!r} replays predictions made elsewhere: give --predictions PATH and "
+                            "--prediction-lead N (positions ahead each was known; 0: at the layer's own gate)")
+        if self.prediction_lead is not None and (isinstance(self.prediction_lead, bool) or
+                                                 not isinstance(self.prediction_lead, int) or self.prediction_lead < 0):
+            raise UserError(f"--prediction-lead must be a whole number of positions >= 0, got {self.prediction_lead!r}")
+        if self.predictions is not None and self.batch > 1:
+            raise UserError("--predictions are per token of a request decoded alone; replay them at --batch 1")
+        if self.link not in LINKS:
+            raise UserError(f"--link must be one of {', '.join(LINKS)}, got {self.link!r}")
+        if self.reset is not None and self.reset not in RESETS:
+            raise UserError(f"--reset must be one of {', '.join(RESETS)}, got {self.reset!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise UserError(f"--warmup must be a whole number of tokens >= 0, got {self.warmup!r}")
+        if self.reset is not None and self.window_tokens is not None:
+            raise UserError("--window-tokens counts windows across requests, and --reset replays each request alone: "
+                            "drop one of them")
+        if self.batch > 1 and (self.reset is not None or self.warmup):
+            raise UserError("--reset and --warmup are per request, and a batched step serves several requests from "
+                            "one pool at once: replay them at --batch 1")
 
     def host_rows(self) -> int | None:
         """H, the host cache's rows (`seqmoe.brain.manager.disk_clock.host_rows`), checked with the options it

@@ -264,3 +264,15 @@ def _from_file(cls, kind: str, path: Path):
         if fields[n].type in ("int", "int | None") and isinstance(v, float) and v.is_integer():
             data[n] = int(v)
     return cls(**data)
+
+
+LINKS = ("priced", "free")
+"""How a copy to the device is priced: by the hardware profile, or not at all (`free_link`)."""
+FREE_LINK_BYTES_PER_S = 1e30
+"""The free link's bandwidth: finite so that every formula stays defined; a copy then takes ~1e-22 s."""
+
+
+def free_link(hw: HardwareProfile) -> HardwareProfile:
+    """`hw` with copies that cost nothing (no bandwidth limit, no per-copy overhead)."""
+    return dataclasses.replace(hw, name=f"{hw.name}+free-link", h2d_bytes_per_s=FREE_LINK_BYTES_PER_S,
+                               copy_overhead_s=0.0, source=f"{hw.source}; host link made free (--link free)")

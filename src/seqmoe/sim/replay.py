@@ -17,7 +17,7 @@ from seqmoe.brain.manager.host_tier import host_policy as default_host_policy
 from seqmoe.brain.rerouting import CacheAwareRouting
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager import Driver, System, build_manager
-from seqmoe.brain.manager.counts import SimCounts
+from seqmoe.brain.manager.counts import SimCounts, spans_total
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, disk_read_s
 from seqmoe.sim.lockstep import Lockstep
 from seqmoe.trace.schema import RoutingTrace, check_dims
@@ -26,7 +26,8 @@ from seqmoe.trace.schema import RoutingTrace, check_dims
 def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardware: HardwareProfile,
              capacity: int, start, progress: bool = False, compiled: bool = True,
              max_kl: float | None = None, window_tokens: int | None = None, plan: Lockstep | None = None,
-             pools: dict | None = None, host_rows: int | None = None, host_policy: str | None = None) -> SimCounts:
+             pools: dict | None = None, host_rows: int | None = None, host_policy: str | None = None,
+             scored: np.ndarray | None = None) -> SimCounts:
     """Replay `trace` as batch-1 decode (or batched, by `plan`) with `system` managing `capacity` slots.
 
     Args:
@@ -50,6 +51,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
             hardware profile needs a disk; twins, if any, beside it in host memory), starting with `start`'s rows; None:
             every expert in host memory.
         host_policy: the host cache's policy ("lru" or "forecast"); None: `seqmoe.brain.manager.host_tier.host_policy`.
+        scored: [T] bool, the tokens the counts are of (a protocol's warm-up tokens are replayed, not
+            scored: `seqmoe.sim.protocol`); None: every token. Batch 1 only.
 
     Returns:
         Counts and times of the replay (see `seqmoe.brain.manager.summarize` for the metrics).
@@ -69,7 +72,9 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     driver = Driver(manager, disk=disk)
     if disk is not None:
         disk.attach(manager)
-    return _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates)
+    if scored is not None and plan is not None and plan.batch > 1:
+        raise ValueError("scored tokens are a batch-1 replay's: a batched step serves warm and scored rows at once")
+    return _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates, scored)
 
 
 def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
@@ -79,7 +84,7 @@ def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
     return DiskClock(tier, model=model, hardware=hardware)
 
 
-def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates) -> SimCounts:
+def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates, scored=None) -> SimCounts:
     """`simulate`'s replay on `driver`."""
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     if plan is not None and plan.batch > 1:
@@ -92,8 +97,10 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
     starts = set(trace.request_offsets[:-1].tolist())
     bar = tqdm(total=trace.num_tokens, disable=not progress, unit="tok", desc=system.name, mininterval=0.5, leave=False)
-    windows, mark = [], None
+    windows, mark, spans, opened = [], None, [], None
     for t in range(trace.num_tokens):
+        if scored is not None and bool(scored[t]) != (opened is not None):
+            opened = _toggle_span(driver, spans, opened)
         if window_tokens and t % window_tokens == 0:
             mark = _close_window(driver, windows, mark)
         if pools is not None and t in pools:
@@ -113,9 +120,21 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
     if window_tokens:
         _close_window(driver, windows, mark)
     counts = driver.finish()
+    if scored is not None:
+        if opened is not None:
+            spans.append((opened, counts))
+        counts = spans_total(spans or [(counts, counts)])
     counts.routing = None if routing is None else routing.stats()
     counts.windows = windows or None
     return counts
+
+
+def _toggle_span(driver: Driver, spans: list, opened):
+    """Open a scored span (return the counts at its start) or close `opened` into `spans` (return None)."""
+    if opened is None:
+        return driver.counts()
+    spans.append((opened, driver.counts()))
+    return None
 
 
 def _simulate_batched(trace: RoutingTrace, driver: Driver, plan: Lockstep, progress: bool, name: str,

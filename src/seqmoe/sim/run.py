@@ -23,14 +23,16 @@ from seqmoe.brain.manager.host_tier import host_policy
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, manager_kind, start_placement, summarize
 from seqmoe.brain.manager.miss_paths import check_twin
-from seqmoe.brain.manager.placement import capacity_for_bytes
+from seqmoe.brain.manager.placement import capacity_for_bytes, reset_starts, start_placement
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.brain.manager.systems import system_spec
+from seqmoe.brain.predict.baselines.external import ExternalPredictor, load_predictions
 from seqmoe.brain.predict.provide import seq_predictor_for
 from seqmoe.brain.predict.online import OnlineForecaster, cold_prior, online_forecaster
-from seqmoe.costs.profiles import HardwareProfile, ModelProfile, get_hardware_profile, get_model_profile
+from seqmoe.costs.profiles import HardwareProfile, ModelProfile, free_link, get_hardware_profile, get_model_profile
 from seqmoe.sim import simulate
 from seqmoe.sim.lockstep import lockstep
+from seqmoe.sim.protocol import replay_per_request, scored_tokens, untimed
 from seqmoe.sim.prefill import check_prompt_lengths, prefill_costs, prefill_fields, prompt_starts
 from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import RoutingTrace, check_dims
@@ -91,6 +93,9 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
     (`seqmoe.sim.prefill`; in a batch, at the step where the request starts), in the row's `prefill`."""
     test, model = w.test, w.model.at_precision(cfg.expert_dtype)
     lengths = check_prompt_lengths(prompt_lengths, test.num_tokens)
+    if lengths and cfg.reset is not None:
+        raise UserError("--prompt-lengths prices prompts from the pool each request meets, and under --reset that is "
+                        "the reset's pool, not the system's: drop one of them")
     costs = prefill_costs(model, w.hardware) if lengths else None
     pools = {int(s): None for n in lengths for s in prompt_starts(test.request_offsets, test.num_tokens, n)}
     L, E, K = test.num_layers, test.num_experts, test.top_k
@@ -103,9 +108,9 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
     start = [] if cfg.online else start_placement(w.train, capacity)
     n_opt, twin = None, check_twin(cfg.twin, cfg.twin_budget)
     plan, visits, future = _plan(w, cfg.batch, cfg.admission)
-    # Belady's count is of the recorded routing with full-size copies: no bound for a replay that
-    # changes the routing or reads smaller twins.
-    if cfg.routing == "exact" and twin is None:
+    # Belady's count is of the recorded routing with full-size copies from one start: no bound for a replay
+    # that changes the routing, reads smaller twins, resets the pool or scores only part of the trace.
+    if cfg.routing == "exact" and twin is None and cfg.reset is None and not cfg.warmup:
         key = (capacity, cfg.batch, cfg.admission if cfg.batch > 1 else "fifo")
         if key not in w.belady_misses:
             w.belady_misses[key] = belady_misses(w.test_uids if visits is None else visits, capacity, start, future)
@@ -124,13 +129,25 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
         if cfg.predictor not in w.predictors:
             w.predictors[cfg.predictor] = seq_predictor_for(cfg.predictor, w.train, progress=progress)
         predictor = w.predictors[cfg.predictor]
+    external, lead_note = _external(cfg, test) if system_spec(cfg.system).needs_predictions else (None, None)
     inputs = SystemInputs(train=w.train, test=test, capacity=capacity, start=tuple(start), predictor=predictor,
-                          prior=prior, draft=cfg.draft, visits=visits)
+                          prior=prior, draft=cfg.draft, visits=visits, predictions=external)
     system = build_system(cfg.system, inputs, cfg.miss, twin)
+    hardware = free_link(w.hardware) if cfg.link == "free" else w.hardware
+    scored = scored_tokens(test.request_offsets, cfg.warmup) if cfg.warmup else None
+
+    def replay(trace, start, scored):
+        return simulate(trace, system, model=model, hardware=hardware, capacity=capacity, start=start,
+                        progress=progress and cfg.reset is None, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens,
+                        plan=plan, pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy, scored=scored)
+
     t0 = time.perf_counter()
-    counts = simulate(test, system, model=model, hardware=w.hardware, capacity=capacity, start=start,
-                      progress=progress, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens, plan=plan,
-                      pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy)
+    if cfg.reset is None:
+        counts = replay(test, start, scored)
+    else:
+        starts = reset_starts(cfg.reset, capacity=capacity, num_uids=L * E, seed=cfg.seed,
+                              frequency=start_placement(w.train, capacity))
+        counts = replay_per_request(test, replay, starts=starts, scored=scored)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, **manager_kind(system), "residency": residency,
            "capacity": capacity,
@@ -143,15 +160,31 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
         row.update(host_residency=host_rows / (L * E), host_memory_bytes=host_rows * model.expert_bytes,
                    host_policy=cfg.host_policy or host_policy(system))
     row.update(summarize(counts, expert_bytes=model.expert_bytes, belady_misses=n_opt, disk_belady_misses=disk_n_opt))
+    row.update(link=cfg.link, reset=cfg.reset, warmup=cfg.warmup)
+    if lead_note:
+        row["predictions_note"] = lead_note
+    if cfg.link == "free":
+        untimed(row)
     if lengths:
         row["prefill"] = prefill_fields(test.expert_ids, test.request_offsets, pools, lengths, costs, system.miss)
     row.update({
         "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,
-        "model_profile": model.to_dict(), "hardware_profile": w.hardware.to_dict(),
+        "model_profile": model.to_dict(), "hardware_profile": hardware.to_dict(),
         "sim_wall_s": wall, "activations_per_s": row["activations"] / wall,
         "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "host": host_info(),
     })  # fmt: skip
     return row
+
+
+def _external(cfg: SimConfig, test) -> tuple:
+    """(the predictor replaying `cfg.predictions` or None, why it is None): a prediction known only at its
+    layer's own gate (lead 0) arrives with the routing, too late to prefetch on a priced link."""
+    if cfg.prediction_lead == 0 and cfg.link == "priced":
+        return None, ("lead-0 predictions arrive with the layer's routing, too late for a priced copy: replayed "
+                      "as the LRU alone (use --link free to score the predictions)")
+    predicted = load_predictions(cfg.predictions, test)
+    return ExternalPredictor(predicted, test.request_offsets, num_experts=test.num_experts,
+                             lead=cfg.prediction_lead), None
 
 
 def _plan(w: Workload, batch: int, admission: str):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from seqmoe.brain.manager.miss_paths import paths_bound_time_s
@@ -162,3 +163,18 @@ def _disk_fields(c: SimCounts, expert_bytes: int) -> dict:
         "disk_stall_s": c.disk_stall_s,
         "disk_read_s": c.disk_read_s,
     }
+
+
+ADDITIVE = ("ready", "late", "misses", "in_place", "twin", "twin_weight", "host", "prefetches", "copies",
+            "wasted_copies", "cancelled", "stall_s", "time_s", "full_load_time_s", "decision_s", "num_tokens", "steps",
+            "expert_reads", "host_needs", "host_hits", "disk_reads", "disk_ahead_reads", "disk_ahead_used",
+            "disk_stall_s")
+"""The fields of `SimCounts` that count events or sum times (the rest are per-unit prices and labels)."""
+
+
+def spans_total(spans: list[tuple[SimCounts, SimCounts]]) -> SimCounts:
+    """The counts of the spans (start, end) summed (each span: end minus start); per-unit fields from the last end."""
+    total = dataclasses.replace(spans[-1][1])
+    for name in ADDITIVE:
+        setattr(total, name, sum(getattr(end, name) - getattr(start, name) for start, end in spans))
+    return total

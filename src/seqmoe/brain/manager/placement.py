@@ -63,3 +63,19 @@ def start_placement(train: RoutingTrace, capacity: int) -> list[int]:
     counts = uid_counts(train)
     order = np.lexsort((np.arange(len(counts)), -counts))
     return order[:capacity].tolist()
+
+
+RESETS = ("random", "frequency", "empty")
+"""What the pool holds at each request's start under a per-request reset: C experts drawn at random
+(seeded), the C used most in the training split, or nothing."""
+
+
+def reset_starts(kind: str, *, capacity: int, num_uids: int, seed: int, frequency: list[int]):
+    """The start placement of each request in turn under a per-request reset of `kind` (`RESETS`):
+    a callable of the request index. `frequency`: the training split's C most used uids."""
+    if kind not in RESETS:
+        raise UserError(f"--reset must be one of {', '.join(RESETS)}, got {kind!r}")
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return lambda r: np.sort(rng.choice(num_uids, size=capacity, replace=False)).tolist()
+    return lambda r: list(frequency) if kind == "frequency" else []

@@ -62,6 +62,9 @@ class SystemInputs:
     visits: np.ndarray | None = None
     """[S, L, W] global ids of the positions the replay visits when they are not `test`'s own (a batched
     replay, `seqmoe.sim.lockstep`): where oracles read the future."""
+    predictions: object | None = None
+    """Predictions made elsewhere (`seqmoe.brain.predict.baselines.external.ExternalPredictor`) for the systems
+    that replay them; None: none given, or none usable (lead 0 on a priced link)."""
     pregate: object | None = None
     """Pre-gate rows computed live (`seqmoe.runtime.eager.pregate.LivePregate`), in place of `test`'s recorded ones."""
 
@@ -85,6 +88,8 @@ class SystemSpec:
     miss: str | None = None
     """The miss rule the system always takes (a name of `seqmoe.brain.manager.miss_paths.MISS_RULES`);
     None: the run's `miss` setting."""
+    needs_predictions: bool = False
+    """Replays predictions made elsewhere (`SimConfig.predictions`), so it runs only in a replay given them."""
 
     @property
     def reads_future(self) -> bool:
@@ -97,13 +102,14 @@ SYSTEMS: dict[str, SystemSpec] = {}
 
 def register_system(name: str, summary: str, *, role: str = "baseline", needs_predictor: bool = False,
                     learns: bool = True, forecaster: Callable[[RoutingTrace, int], Predictor] | None = None,
-                    needs_pregate: bool = False, miss: str | None = None):
+                    needs_pregate: bool = False, miss: str | None = None, needs_predictions: bool = False):
     """Decorator: register `fn(inputs) -> System` under `name`."""
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
 
     def deco(fn):
-        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster, needs_pregate, miss)
+        SYSTEMS[name] = SystemSpec(name, summary, fn, role, needs_predictor, learns, forecaster, needs_pregate, miss,
+                                   needs_predictions)
         return fn
 
     return deco
@@ -119,7 +125,8 @@ def system_spec(name: str, choices=None) -> SystemSpec:
 def systems_with(*roles: str, with_pregate: bool = False) -> list[str]:
     """The systems of the given roles, in registration order (those needing pre-gate scores only
     if `with_pregate`)."""
-    return [n for n, spec in SYSTEMS.items() if spec.role in roles and (with_pregate or not spec.needs_pregate)]
+    return [n for n, spec in SYSTEMS.items() if spec.role in roles and (with_pregate or not spec.needs_pregate)
+            and not spec.needs_predictions]
 
 
 def oracles() -> list[str]:
@@ -129,9 +136,9 @@ def oracles() -> list[str]:
 
 def baselines(with_pregate: bool = False) -> list[str]:
     """The systems that need no trained forecaster, serve misses as the run says (the host references
-    are left out) and need no pre-gate scores unless `with_pregate`."""
+    are left out) and need no pre-gate scores unless `with_pregate`; none that replays external predictions."""
     return [n for n, spec in SYSTEMS.items() if not spec.needs_predictor and spec.role != "host"
-            and (with_pregate or not spec.needs_pregate)]
+            and (with_pregate or not spec.needs_pregate) and not spec.needs_predictions]
 
 
 def live_systems(with_train: bool = True, with_predictor: bool = False, with_host: bool = False,
@@ -142,7 +149,7 @@ def live_systems(with_train: bool = True, with_predictor: bool = False, with_hos
     scores (a training trace collected with them, inline control) only if `with_pregate`."""
     return [n for n, s in SYSTEMS.items() if not s.reads_future and (with_predictor or not s.needs_predictor)
             and (with_train or not s.learns) and (with_pregate or not s.needs_pregate)
-            and (with_host or s.role != "host")]
+            and (with_host or s.role != "host") and not s.needs_predictions]
 
 
 def build_system(name: str, inputs: SystemInputs, miss: str = "copy", twin: Twin | None = None) -> System:
@@ -191,6 +198,13 @@ def _moe_infinity(inp: SystemInputs) -> System:
                  forecaster=lambda train, horizon: AffinityPredictor(train, horizon=horizon))
 def _affinity(inp: SystemInputs) -> System:
     return System("affinity-style", LRUPolicy(), AffinityPredictor(inp.train), GreedyPrefetcher(min_prob=0.3))
+
+
+@register_system("moe-beyond-style", "predictions made elsewhere (--predictions), each layer's predicted set "
+                 "inserted into an LRU right before the layer", learns=False, needs_predictions=True)
+def _moe_beyond(inp: SystemInputs) -> System:
+    # MoE-Beyond's rule (its cache_simulator): one global LRU, the predicted set inserted before the layer.
+    return System("moe-beyond-style", LRUPolicy(), inp.predictions, GreedyPrefetcher(min_prob=0.5))
 
 
 @register_system("cpu-all", "every routed expert computed on the host CPU, no expert slots (as llama.cpp --cpu-moe)",
