@@ -18,6 +18,7 @@ import sys
 
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.systems import SYSTEMS
+from seqmoe.brain.predict.baselines.external import ExternalPredictor, load_predictions
 from seqmoe.brain.predict.baselines.freq import FrequencyPredictor
 from seqmoe.brain.predict.checkpoints import load_seq_predictor
 from seqmoe.brain.predict.drafters import DRAFTERS, make_drafter
@@ -53,11 +54,21 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
         "eval-predictor",
         help="precision/recall at K per horizon of a trained forecaster and the baselines",
         description="Replay TEST through the forecaster in --predictor (and, with --train, the frequency, "
-        "affinity-style and moe-infinity-style baselines fitted on TRAIN) and score each forecast row "
-        "h positions ahead: recall@K = precision@K = |top-K ∩ true K| / K, and recall@2K.",
+        "affinity-style and moe-infinity-style baselines fitted on TRAIN; with --predictions, predictions made "
+        "elsewhere) and score each forecast row h positions ahead: recall@K = precision@K = |top-K ∩ true K| / K, "
+        "recall@2K, recall@C and stalls per token = L x K x (1 - recall@C); with --json also MoE-Beyond's "
+        "element accuracy and macro-F1 of the top-K set as a multi-hot row.",
     )
     ev.add_argument("--trace", required=True, metavar="TEST", help="trace to score on (prompts not trained on)")
-    ev.add_argument("--predictor", required=True, metavar="DIR", help="checkpoint folder written by `seqmoe train`")
+    ev.add_argument("--predictor", metavar="DIR", help="checkpoint folder written by `seqmoe train`")
+    ev.add_argument("--predictions", metavar="PATH",
+                    help="also (or only) score predictions made elsewhere: MoE-Beyond predicted CSVs or a seqmoe "
+                    ".safetensors (docs/DESIGN.md, \"External predictions\"), as \"external\"")
+    ev.add_argument("--prediction-lead", type=int, default=0, metavar="N",
+                    help="positions before its layer each external prediction was known; they are scored from N "
+                    "positions ahead on (default: 0, scored one position ahead: the layer's own gate)")
+    ev.add_argument("--cache-size", type=int, default=None, metavar="C",
+                    help="experts per layer of recall@C and stalls per token (default: 2K)")
     ev.add_argument("--train", metavar="TRAIN", help="training trace: also score the baselines fitted on it")
     ev.add_argument("--stride", type=int, default=1, help="score every STRIDE-th position (default: 1, all)")
     ev.add_argument("--draft", choices=DRAFTERS, default="none",
@@ -146,26 +157,39 @@ def run_eval(args: argparse.Namespace) -> int:
         raise UserError(f"--stride must be at least 1, got {args.stride}")
     if args.tokens_ahead < 1:
         raise UserError(f"--tokens-ahead must be at least 1, got {args.tokens_ahead}")
+    if args.predictor is None and args.predictions is None:
+        raise UserError("give --predictor DIR (a trained forecaster), --predictions PATH, or both")
+    if args.prediction_lead < 0:
+        raise UserError(f"--prediction-lead must be >= 0, got {args.prediction_lead}")
+    if args.cache_size is not None and args.cache_size < 1:
+        raise UserError(f"--cache-size must be at least 1, got {args.cache_size}")
     test = load_trace(args.trace)
     train = load_trace(args.train) if args.train else None
-    seq = load_seq_predictor(args.predictor)
-    seq.check_trace(test)
-    predictors = {"seqmoe": seq}
-    if args.draft != "none":
+    predictors = {}
+    if args.predictor is not None:
+        predictors["seqmoe"] = seq = load_seq_predictor(args.predictor)
+        seq.check_trace(test)
+    if args.predictions is not None:
+        predictors["external"] = ExternalPredictor(load_predictions(args.predictions, test), test.request_offsets,
+                                                   num_experts=test.num_experts, lead=args.prediction_lead)
+    if args.draft != "none" and args.predictor is not None:
         drafted = seq.with_window(None)
         drafted.check_trace(test)
         predictors[f"seqmoe + {args.draft} drafts"] = drafted.use_drafter(make_drafter(args.draft, train))
     predictors.update(_baselines(train, test) if train is not None else {})
     res = evaluate_predictors(test, predictors, horizons=default_horizons(test.num_layers, args.tokens_ahead),
-                              stride=args.stride, progress=progress(args))
-    res.update(trace=str(args.trace), predictor=str(args.predictor), train=args.train)
+                              stride=args.stride, progress=progress(args), cache_size=args.cache_size)
+    res.update(trace=str(args.trace), predictor=args.predictor, predictions=args.predictions, train=args.train)
     print(format_table(res))
     print(format_table(res, "recall_at_2k"))
+    print(format_table(res, "macro_f1"))
     print("host us per layer, simulator path (observe + predict): "
           + ", ".join(f"{n} {r['decision']['us_per_layer']:.1f}" for n, r in res["predictors"].items()))
     if args.plot:
-        cmd = (f"seqmoe eval-predictor --trace {args.trace} --predictor {args.predictor} --draft {args.draft} "
-               f"--tokens-ahead {args.tokens_ahead}")
+        cmd = " ".join(["seqmoe eval-predictor --trace", str(args.trace)]
+                       + [f"{flag} {value}" for flag, value in (("--predictor", args.predictor),
+                                                                ("--predictions", args.predictions))
+                          if value is not None] + [f"--draft {args.draft} --tokens-ahead {args.tokens_ahead}"])
         plot_recall(res, args.plot, caption=cmd + (f" --train {args.train}" if args.train else ""))
     if args.json:
         print(json.dumps(res))

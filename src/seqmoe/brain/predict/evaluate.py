@@ -5,7 +5,12 @@ Each predictor replays the trace in decode order exactly as the simulator drives
 forecast row for position p + h is ranked; with the true K experts of p + h:
 
 - recall@K = precision@K = |top-K of the row  ∩  true experts| / K (both sets have K members);
-- recall@2K = |top-2K of the row  ∩  true experts| / K.
+- recall@2K = |top-2K of the row  ∩  true experts| / K;
+- recall@C = |top-C of the row  ∩  true experts| / K for a cache of C experts per layer, and stalls per
+  token = L x K x (1 - recall@C) (the definitions of public routing-trace datasets such as commitmoe's);
+- MoE-Beyond's (arXiv 2508.17137) classification metrics of the top-K set as a E-way multi-hot row:
+  element accuracy (the share of the E labels right) and macro-F1 (F1 of each expert over all rows,
+  averaged over the E experts; an expert never routed nor predicted scores 0, as sklearn's default).
 
 Only targets inside the request of position p are scored (a predictor cannot know the next
 request; it is reset at request starts). A target the forecast does not cover scores 0 and is
@@ -44,8 +49,8 @@ def default_horizons(num_layers: int, tokens: int = 2) -> tuple[int, ...]:
 class _Scorer:
     """Accumulates (horizon, forecast row, truth) triples and scores them in chunks."""
 
-    def __init__(self, horizons, num_experts: int, top_k: int) -> None:
-        self.H, self.E, self.K = len(horizons), num_experts, top_k
+    def __init__(self, horizons, num_experts: int, top_k: int, cache_size: int) -> None:
+        self.H, self.E, self.K, self.C = len(horizons), num_experts, top_k, cache_size
         self.rows = np.zeros((_CHUNK, num_experts), dtype=np.float32)
         self.truth = np.zeros((_CHUNK, top_k), dtype=np.int64)
         self.hid = np.zeros(_CHUNK, dtype=np.int64)
@@ -54,11 +59,16 @@ class _Scorer:
         self.hits_2k = np.zeros(self.H, dtype=np.int64)
         self.count = np.zeros(self.H, dtype=np.int64)
         self.uncovered = np.zeros(self.H, dtype=np.int64)
+        self.hits_c = np.zeros(self.H, dtype=np.int64)
+        self.right = np.zeros(self.H, dtype=np.int64)  # multi-hot labels right
+        self.tp, self.fp, self.fn = (np.zeros((self.H, num_experts), dtype=np.int64) for _ in range(3))
 
     def add(self, h: int, row: np.ndarray | None, truth: np.ndarray) -> None:
         self.count[h] += 1
-        if row is None:
+        if row is None:  # predicts nothing: every routed expert is a false negative
             self.uncovered[h] += 1
+            self.fn[h, truth] += 1
+            self.right[h] += self.E - self.K
             return
         self.rows[self.n], self.truth[self.n], self.hid[self.n] = row, truth, h
         self.n += 1
@@ -72,17 +82,46 @@ class _Scorer:
             for hits, k in ((self.hits_k, K), (self.hits_2k, 2 * K)):
                 got = topk_hits(self.rows[:n], self.truth[:n], k)
                 hits += np.bincount(hid, got, minlength=self.H).astype(np.int64)
+            self.hits_c += np.bincount(hid, topk_hits(self.rows[:n], self.truth[:n], self.C), minlength=self.H
+                                       ).astype(np.int64)
+            self._classify(n, hid)
         self.n = 0
 
-    def result(self, horizons) -> dict:
+    def _classify(self, n: int, hid: np.ndarray) -> None:
+        """MoE-Beyond's counts: the row's top-K as a multi-hot prediction against the true multi-hot."""
+        rows = np.arange(n)[:, None]
+        pred = np.zeros((n, self.E), dtype=bool)
+        pred[rows, np.argpartition(-self.rows[:n], self.K - 1, axis=1)[:, :self.K]] = True
+        true = np.zeros((n, self.E), dtype=bool)
+        true[rows, self.truth[:n]] = True
+        self.right += np.bincount(hid, (pred == true).sum(1), minlength=self.H).astype(np.int64)
+        for counts, hot in ((self.tp, pred & true), (self.fp, pred & ~true), (self.fn, ~pred & true)):
+            np.add.at(counts, hid, hot.astype(np.int64))
+
+    def result(self, horizons, num_layers: int) -> dict:
         self.flush()
         denom = np.maximum(self.count, 1) * self.K
+
+        def per_h(values):
+            return {int(h): float(v) for h, v in zip(horizons, values)}
+
         return {
             "recall_at_k": {int(h): float(v) for h, v in zip(horizons, self.hits_k / denom)},
             "recall_at_2k": {int(h): float(v) for h, v in zip(horizons, self.hits_2k / denom)},
             "targets": {int(h): int(v) for h, v in zip(horizons, self.count)},
             "uncovered": {int(h): int(v) for h, v in zip(horizons, self.uncovered)},
+            "cache_size": self.C,
+            "recall_at_c": per_h(self.hits_c / denom),
+            "stalls_per_token": per_h(num_layers * self.K * (1 - self.hits_c / denom)),
+            "accuracy": per_h(self.right / (np.maximum(self.count, 1) * self.E)),
+            "macro_f1": per_h(macro_f1(self.tp, self.fp, self.fn)),
         }
+
+
+def macro_f1(tp: np.ndarray, fp: np.ndarray, fn: np.ndarray) -> np.ndarray:
+    """[..., E] counts -> [...] F1 averaged over the last axis (an expert with no positives scores 0)."""
+    denom = 2 * tp + fp + fn
+    return np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0).mean(-1)
 
 
 def _score_position(scorer: _Scorer, fc, step: int, horizons, req_end_step: int, ids_flat: np.ndarray) -> None:
@@ -102,7 +141,7 @@ def _score_position(scorer: _Scorer, fc, step: int, horizons, req_end_step: int,
 
 
 def evaluate_predictor(trace: RoutingTrace, predictor: Predictor, *, horizons=None, stride: int = 1,
-                       progress: bool = False, desc: str = "") -> dict:
+                       progress: bool = False, desc: str = "", cache_size: int | None = None) -> dict:
     """Replay `trace` through `predictor` and score its forecasts per horizon.
 
     Args:
@@ -113,9 +152,11 @@ def evaluate_predictor(trace: RoutingTrace, predictor: Predictor, *, horizons=No
         stride: score only positions with `step % stride == 0` (every position still observed).
         progress: show a progress bar.
         desc: progress-bar label.
+        cache_size: C of recall@C and stalls per token, experts per layer (default: 2K).
 
     Returns:
-        {"recall_at_k", "recall_at_2k", "targets", "uncovered"}: dicts keyed by horizon, plus
+        {"recall_at_k", "recall_at_2k", "recall_at_c", "stalls_per_token", "accuracy", "macro_f1", "targets",
+        "uncovered"}: dicts keyed by horizon, plus "cache_size" and
         "us_per_layer", the mean replay time (begin_token + observe + forecast) per position.
     """
     T, L, K = trace.expert_ids.shape
@@ -124,7 +165,7 @@ def evaluate_predictor(trace: RoutingTrace, predictor: Predictor, *, horizons=No
     ids_flat = trace.expert_ids.reshape(T * L, K)
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else [None] * T
     off = trace.request_offsets
-    scorer = _Scorer(horizons, trace.num_experts, K)
+    scorer = _Scorer(horizons, trace.num_experts, K, 2 * K if cache_size is None else cache_size)
     spent = 0.0
     for r in tqdm(range(trace.num_requests), disable=not progress, desc=desc, unit="req", leave=False):
         req_end_step = int(off[r + 1]) * L
@@ -143,7 +184,7 @@ def evaluate_predictor(trace: RoutingTrace, predictor: Predictor, *, horizons=No
                 spent += time.perf_counter() - t0
                 if step % stride == 0:
                     _score_position(scorer, fc, step, horizons, req_end_step, ids_flat)
-    out = scorer.result(horizons)
+    out = scorer.result(horizons, L)
     out["us_per_layer"] = 1e6 * spent / (T * L)
     return out
 
@@ -173,7 +214,7 @@ def time_predictor(trace: RoutingTrace, predictor: Predictor, num_tokens: int = 
 
 
 def evaluate_predictors(trace: RoutingTrace, predictors: dict, *, horizons=None, stride: int = 1,
-                        progress: bool = False) -> dict:
+                        progress: bool = False, cache_size: int | None = None) -> dict:
     """`evaluate_predictor` and `time_predictor` for each named predictor.
 
     Returns:
@@ -183,7 +224,8 @@ def evaluate_predictors(trace: RoutingTrace, predictors: dict, *, horizons=None,
     horizons = tuple(horizons or default_horizons(trace.num_layers))
     res = {}
     for name, p in predictors.items():
-        res[name] = evaluate_predictor(trace, p, horizons=horizons, stride=stride, progress=progress, desc=name)
+        res[name] = evaluate_predictor(trace, p, horizons=horizons, stride=stride, progress=progress, desc=name,
+                                       cache_size=cache_size)
         res[name]["decision"] = time_predictor(trace, p)
     return {"horizons": list(horizons), "stride": stride, "top_k": trace.top_k, "num_layers": trace.num_layers,
             "num_tokens": trace.num_tokens, "predictors": res}

@@ -122,35 +122,34 @@ def _read_csv(path: Path, num_layers: int) -> tuple[np.ndarray, np.ndarray]:
 class ExternalPredictor(Predictor):
     """Replays `predicted` ([T, L, P] expert ids of the replayed trace) as a forecast with probability 1:
     at each position, the predicted sets of the next `lead` positions of the same request (at least the
-    next one). Tokens are counted as they start, so the replay must visit the trace's tokens in order
-    (batch 1; with or without a pool reset per request)."""
+    next one). Requests are counted as they begin, in the trace's order (after the last, the first again:
+    a second pass), so the replay must visit them in order at batch 1, alone or with a pool reset."""
 
     def __init__(self, predicted: np.ndarray, request_offsets: np.ndarray, *, num_experts: int, lead: int) -> None:
-        self.predicted, self.E = predicted, num_experts
-        self.T, self.L = predicted.shape[:2]
-        self.ends = np.repeat(request_offsets[1:], np.diff(request_offsets))  # [T] end token of each token's request
+        self.flat = predicted.reshape(-1, predicted.shape[2])
+        self.E, self.L = num_experts, predicted.shape[1]
+        self.offsets = np.asarray(request_offsets, dtype=np.int64)
         self.horizon = max(1, lead)
-        self.t = -1
+        self.r, self.t = -1, -1  # the request, the token's global index
 
     def begin_request(self) -> None:
-        pass
+        self.r = (self.r + 1) % (len(self.offsets) - 1)
+        self.t = int(self.offsets[self.r]) - 1
 
     def begin_token(self, step: int, token_id: int | None) -> None:
         self.t += 1
-        if self.t >= self.T:
-            raise TraceError(f"the predictions hold {self.T} tokens and the replay reached another: predictions "
-                             "must be of the replayed trace, replayed at batch 1")
+        if self.r < 0 or self.t >= self.offsets[self.r + 1]:
+            raise TraceError("the replay left the predictions' request: predictions must be of the replayed trace, "
+                             "replayed at batch 1 in its order")
 
     def observe(self, step: int, ids: np.ndarray) -> None:
         pass
 
     def predict(self, step: int) -> Forecast | None:
-        layer = step % self.L
-        first = self.t * self.L + layer + 1
-        last = min(first + self.horizon, int(self.ends[self.t]) * self.L)  # not into the next request
+        first = self.t * self.L + step % self.L + 1
+        last = min(first + self.horizon, int(self.offsets[self.r + 1]) * self.L)  # not into the next request
         if last <= first:
             return None
-        flat = self.predicted.reshape(-1, self.predicted.shape[2])[first:last]
         probs = np.zeros((last - first, self.E), dtype=np.float32)
-        np.put_along_axis(probs, flat, 1.0, axis=1)
+        np.put_along_axis(probs, self.flat[first:last], 1.0, axis=1)
         return Forecast(step + 1 + np.arange(last - first, dtype=np.int64), probs)
