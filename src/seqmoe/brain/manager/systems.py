@@ -29,6 +29,7 @@ from seqmoe.brain.predict.drafters import TrueTokenDrafter, make_drafter
 from seqmoe.brain.predict.baselines.oracle import OracleForecaster
 from seqmoe.brain.predict.pregate import HybridPredictor, PregatePredictor, fit_alphas
 from seqmoe.brain.schedule import GreedyPrefetcher, OraclePrefetcher
+from seqmoe.brain.schedule.greedy import InsertBeforeLayer
 from seqmoe.brain.schedule.deadline import DeadlinePrefetcher
 from seqmoe.brain.schedule.expertflow import AdaptiveHorizonPrefetcher, ExpertFlowShared, TwoLevelLRUPolicy
 from seqmoe.trace.schema import RoutingTrace
@@ -204,7 +205,8 @@ def _affinity(inp: SystemInputs) -> System:
                  "inserted into an LRU right before the layer", learns=False, needs_predictions=True)
 def _moe_beyond(inp: SystemInputs) -> System:
     # MoE-Beyond's rule (its cache_simulator): one global LRU, the predicted set inserted before the layer.
-    return System("moe-beyond-style", LRUPolicy(), inp.predictions, GreedyPrefetcher(min_prob=0.5))
+    policy = LRUPolicy()
+    return System("moe-beyond-style", policy, inp.predictions, InsertBeforeLayer(policy))
 
 
 @register_system("cpu-all", "every routed expert computed on the host CPU, no expert slots (as llama.cpp --cpu-moe)",

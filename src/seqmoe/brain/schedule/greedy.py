@@ -57,3 +57,23 @@ class GreedyPrefetcher(Prefetcher):
             if not view.prefetch(uid, step):
                 break
             t_free += copy
+
+
+class InsertBeforeLayer(Prefetcher):
+    """MoE-Beyond's rule: the next position's predicted experts enter the pool before it, each made most
+    recent in `policy` (an LRU) whether it was resident or not; nothing further ahead is fetched."""
+
+    def __init__(self, policy, *, min_prob: float = 0.5) -> None:
+        self.policy, self.min_prob = policy, min_prob
+
+    def plan(self, forecast: Forecast | None, view: PoolView) -> None:
+        if forecast is None or not len(forecast.steps) or forecast.steps[0] != view.step + 1:
+            return
+        step = int(forecast.steps[0])
+        base = (step % view.num_layers) * view.num_experts
+        for e in np.flatnonzero(forecast.probs[0] >= self.min_prob).tolist():
+            uid = base + e
+            if view.present(uid):
+                self.policy.access(uid, step)
+            elif not view.prefetch(uid, step):
+                break

@@ -130,14 +130,14 @@ class ExternalPredictor(Predictor):
         self.E, self.L = num_experts, predicted.shape[1]
         self.offsets = np.asarray(request_offsets, dtype=np.int64)
         self.horizon = max(1, lead)
-        self.r, self.t = -1, -1  # the request, the token's global index
+        self.r, self.t, self.local = -1, -1, 0  # the request; the current token's global index and its step // L
 
     def begin_request(self) -> None:
         self.r = (self.r + 1) % (len(self.offsets) - 1)
         self.t = int(self.offsets[self.r]) - 1
 
     def begin_token(self, step: int, token_id: int | None) -> None:
-        self.t += 1
+        self.t, self.local = self.t + 1, step // self.L
         if self.r < 0 or self.t >= self.offsets[self.r + 1]:
             raise TraceError("the replay left the predictions' request: predictions must be of the replayed trace, "
                              "replayed at batch 1 in its order")
@@ -146,7 +146,8 @@ class ExternalPredictor(Predictor):
         pass
 
     def predict(self, step: int) -> Forecast | None:
-        first = self.t * self.L + step % self.L + 1
+        # step is the driver's (numbered from the replay's start); at a token start, the previous position's
+        first = (self.t + step // self.L - self.local) * self.L + step % self.L + 1
         last = min(first + self.horizon, int(self.offsets[self.r + 1]) * self.L)  # not into the next request
         if last <= first:
             return None
