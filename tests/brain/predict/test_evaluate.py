@@ -9,8 +9,9 @@ import numpy as np
 
 from seqmoe.brain.predict.base import Forecast, Predictor
 from seqmoe.brain.predict.evaluate import (
-    default_horizons, evaluate_predictor, evaluate_predictors, format_table, plot_recall, topk_hits,
+    default_horizons, evaluate_predictor, evaluate_predictors, format_table, plot_recall, predicted_sets, topk_hits,
 )  # fmt: skip
+from seqmoe.brain.predict.baselines.external import ExternalPredictor
 from seqmoe.brain.predict.baselines.freq import FrequencyPredictor, layer_popularity
 from tests.conftest import make_trace
 
@@ -93,3 +94,41 @@ def test_stride_and_frequency(tmp_path):
     assert res["predictors"]["freq"]["decision"]["us_per_layer"] > 0
     plot_recall(res, tmp_path / "recall.png", caption="test")
     assert (tmp_path / "recall.png").stat().st_size > 1000
+
+
+def _sklearn_style(pred_sets: np.ndarray, true_sets: np.ndarray, E: int) -> tuple[float, float]:
+    """(element accuracy, macro-F1) of [N, k] predicted against [N, K] true sets as E-way multi-hot rows."""
+    n = len(true_sets)
+    pred, true = np.zeros((n, E), bool), np.zeros((n, E), bool)
+    pred[np.arange(n)[:, None], pred_sets] = True
+    true[np.arange(n)[:, None], true_sets] = True
+    f1 = []
+    for e in range(E):
+        tp, fp, fn = (pred[:, e] & true[:, e]).sum(), (pred[:, e] & ~true[:, e]).sum(), (~pred[:, e] & true[:, e]).sum()
+        f1.append(2 * tp / (2 * tp + fp + fn) if 2 * tp + fp + fn else 0.0)
+    return (pred == true).mean(), float(np.mean(f1))
+
+
+def test_accuracy_and_macro_f1_of_replayed_predictions_match_their_definition():
+    trace = make_trace(num_tokens=80, num_layers=3, num_experts=8, top_k=2, num_requests=1)
+    rng = np.random.default_rng(1)
+    noisy = np.where(rng.random(trace.expert_ids.shape) < 0.5, trace.expert_ids, rng.integers(0, 8, trace.expert_ids.shape))
+    noisy[..., 1] = np.where(noisy[..., 1] == noisy[..., 0], (noisy[..., 0] + 1) % 8, noisy[..., 1])
+    res = evaluate_predictor(trace, ExternalPredictor(noisy, trace.request_offsets, num_experts=8, lead=0), horizons=(1,))
+    flat_pred, flat_true = noisy.reshape(-1, 2)[1:], trace.expert_ids.reshape(-1, 2)[1:]  # position 0 is no target
+    accuracy, f1 = _sklearn_style(flat_pred, flat_true, 8)
+    assert abs(res["accuracy"][1] - accuracy) < 1e-12 and abs(res["macro_f1"][1] - f1) < 1e-12
+    assert 0 < f1 < 1
+    # recall at a cache of C experts per layer and stalls per token = L x K x (1 - recall@C)
+    assert abs(res["stalls_per_token"][1] - 3 * 2 * (1 - res["recall_at_c"][1])) < 1e-12
+
+
+def test_predicted_sets_are_the_forecast_made_that_far_back():
+    trace = make_trace(num_tokens=40, num_layers=3, num_experts=8, top_k=2, num_requests=2)
+    sets = predicted_sets(trace, Oracle(trace, 6), distance=2, fallback=np.full((3, 2), 7))
+    T, L, K = trace.expert_ids.shape
+    positions = np.arange(T * L).reshape(T, L)
+    starts = trace.request_offsets[:-1] * L
+    early = np.isin(positions, np.concatenate([starts, starts + 1]))  # nothing observed 2 positions before
+    same = np.sort(sets, -1) == np.sort(trace.expert_ids, -1)
+    assert same.all(-1)[~early].all() and (sets[early] == 7).all()

@@ -272,3 +272,43 @@ def plot_recall(results: dict, path: str | os.PathLike, caption: str | None = No
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=120)
     plt.close(fig)
+
+
+def predicted_sets(trace: RoutingTrace, predictor: Predictor, *, distance: int, k: int | None = None,
+                   fallback: np.ndarray | None = None, request_mix: float = 0.0) -> np.ndarray:
+    """[T, L, k] int64: for each position, the top-k experts of the forecast `predictor` made `distance`
+    positions before it, after observing that position (causal; replayed as `evaluate_predictor` does), as
+    predictions for `seqmoe.brain.predict.baselines.external` to replay (default k: the trace's K).
+
+    Positions with no forecast that far back in their request take `fallback` ([L, k] ids, e.g. the
+    training split's most used per layer; default: experts 0..k-1). `request_mix` in [0, 1): each row
+    mixed with the request's own routing so far at that layer (its use counts, normalised to K), a
+    causal lever on the prompt's own history."""
+    T, L, K = trace.expert_ids.shape
+    k = K if k is None else k
+    ids_flat = trace.expert_ids.reshape(T * L, K).astype(np.int64)
+    out = np.broadcast_to(np.arange(k) if fallback is None else fallback, (T, L, k)).reshape(T * L, k).copy()
+    tokens = trace.token_ids.tolist() if trace.token_ids is not None else [None] * T
+    off = trace.request_offsets
+    for r in range(trace.num_requests):
+        predictor.begin_request()
+        counts = np.zeros((L, trace.num_experts))
+        end = int(off[r + 1]) * L
+        for t in range(int(off[r]), int(off[r + 1])):
+            predictor.begin_token(t * L, tokens[t])
+            for layer in range(L):
+                step = t * L + layer
+                predictor.observe(step, ids_flat[step])
+                counts[layer, ids_flat[step]] += 1
+                target = step + distance
+                fc = predictor.forecast(step, distance) if target < end else None
+                if fc is None or not len(fc.steps):
+                    continue
+                i = int(np.searchsorted(fc.steps, target))
+                if i < len(fc.steps) and fc.steps[i] == target:
+                    row = fc.probs[i].astype(np.float64)
+                    seen = counts[target % L]
+                    if request_mix and seen.sum():
+                        row = (1 - request_mix) * row + request_mix * K * seen / seen.sum()
+                    out[target] = np.argpartition(-row, k - 1)[:k]
+    return out.reshape(T, L, k)
