@@ -23,7 +23,7 @@ from seqmoe.brain.manager.host_tier import host_policy
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager import SystemInputs, build_system, capacity_for, manager_kind, start_placement, summarize
 from seqmoe.brain.manager.miss_paths import check_twin
-from seqmoe.brain.manager.placement import capacity_for_bytes, reset_starts, start_placement
+from seqmoe.brain.manager.placement import capacity_for_bytes, reset_starts
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.brain.manager.systems import system_spec
 from seqmoe.brain.predict.baselines.external import ExternalPredictor, load_predictions
