@@ -29,7 +29,6 @@ from seqmoe.trace.io import load_trace
 from seqmoe.trace.schema import check_dims
 
 DEFAULT_EPOCHS = 8
-DEFAULT_MAX_MINUTES = 14.0
 
 
 def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -44,8 +43,9 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--out", required=True, metavar="DIR", help="folder for the checkpoint")
     train.add_argument("--epochs", type=int, default=DEFAULT_EPOCHS, help=f"passes over the data (default: {DEFAULT_EPOCHS})")
     train.add_argument("--seed", type=int, default=0, help="seed of split, weights and sampling (default: 0)")
-    train.add_argument("--max-minutes", type=float, default=DEFAULT_MAX_MINUTES,
-                       help=f"stop after this long, keeping the best epoch (default: {DEFAULT_MAX_MINUTES:g})")
+    train.add_argument("--max-minutes", type=float, default=None,
+                       help="stop after this long, keeping the best epoch so far (default: no limit, so a seed "
+                       "gives one forecaster however busy the machine; a cut run forecasts worse)")
     train.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     train.add_argument("--json", action="store_true", help="print the training summary as one JSON object on the last line")
     train.set_defaults(func=run_train)
@@ -136,7 +136,9 @@ def run_train(args: argparse.Namespace) -> int:
                                log=lambda line: print(line, file=sys.stderr))
     m, t = info["metrics"], info["training"]
     recall = "  ".join(f"h={h}: {v:.3f}" for h, v in m["val_recall_at_k"].items())
-    print(f"trained on {t['num_train_requests']} requests ({t['epochs_run']} epochs, {t['seconds']:.0f} s) -> {args.out}")
+    cut = " (cut short by --max-minutes)" if t["cut_short"] else ""
+    print(f"trained on {t['num_train_requests']} requests ({t['epochs_run']} epochs{cut}, {t['seconds']:.0f} s) "
+          f"-> {args.out}")
     print(f"best epoch {m['best_epoch']}: validation loss {m['val_loss']:.4f}, recall@K {recall}")
     if args.json:
         print(json.dumps({"out": str(args.out), **info}))

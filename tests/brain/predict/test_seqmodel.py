@@ -83,6 +83,15 @@ def test_loss_falls(trained):
     assert hist[-1]["train_loss"] < hist[0]["train_loss"] - 0.05
     assert hist[-1]["val_loss"] < hist[0]["val_loss"]
     assert info["metrics"]["best_epoch"] >= 1
+    assert not info["training"]["cut_short"]
+
+
+def test_a_time_limit_that_cuts_training_says_so(tiny_trace, tmp_path):
+    lines = []
+    info = train_seq_predictor(tiny_trace, tmp_path, epochs=4, seed=0, **{**TINY, "max_minutes": 1e-9},
+                               log=lines.append)
+    assert info["training"]["cut_short"] and info["training"]["epochs_run"] == 1
+    assert "limit in epoch 1 of 4" in lines[-1]
 
 
 def test_forecast_shapes_and_probabilities(trained, tiny_trace):

@@ -217,7 +217,7 @@ def _train_epoch(net: SeqNet, opt, sched, streams: Streams, args: dict, gen: tor
         sched.step()
         bar.update(1)
         bar.set_postfix(loss=f"{total / max(n, 1):.3f}", refresh=False)
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline and w0 + window < streams.length:
             return total / max(n, 1), True
     return total / max(n, 1), False
 
@@ -245,7 +245,7 @@ def train_seq_predictor(train: RoutingTrace, out_dir: str | os.PathLike, *, epoc
                         val_fraction: float = 0.08, hash_buckets: int = 8192, embed_dim: int = 256,
                         hidden_dim: int = 256, query_dim: int = 256, num_streams: int = 16, window: int = 32,
                         queries_per_token: int = 2, lr: float = 3e-3, unknown_prob: float = 0.2,
-                        max_minutes: float | None = 14.0, threads: int | None = None, far_head: bool = True,
+                        max_minutes: float | None = None, threads: int | None = None, far_head: bool = True,
                         progress: bool = True, log=None) -> dict:
     """Train a `SeqPredictor` on `train` and write it to `out_dir`.
 
@@ -260,7 +260,9 @@ def train_seq_predictor(train: RoutingTrace, out_dir: str | os.PathLike, *, epoc
         queries_per_token: random l_known values queried per token and step.
         lr: peak AdamW learning rate (linear warm-up, cosine decay).
         unknown_prob: probability of replacing a token bucket by "unknown" (GRU input and query).
-        max_minutes: stop training after this long (the best epoch so far is kept); None: no limit.
+        max_minutes: stop training after this long (the best epoch so far is kept; `training.cut_short`
+            says so). None (default): no limit, so a seed gives one forecaster however busy the machine is
+            (a cut run never reaches the learning rate's decay and forecasts worse).
         threads: torch CPU threads while training (default: torch's setting; restored afterwards).
         far_head: also fit the long-range head (`seqmoe.brain.predict.far_head`) on the trained forecaster.
         progress: show a progress bar.
@@ -325,8 +327,12 @@ def _fit(train: RoutingTrace, args: dict, progress: bool, log) -> tuple[dict, Se
             break
     bar.close()
     net.load_state_dict(best_state)
+    cut = bool(history[-1]["partial"]) or len(history) < args["epochs"]
+    if cut and log is not None:
+        log(f"stopped at the {args['max_minutes']:g}-minute limit in epoch {len(history)} of {args['epochs']}: "
+            "this forecaster is worse than the same seed trains without a limit")
     info = {
-        "training": {**args, "seconds": time.monotonic() - t_start, "epochs_run": len(history),
+        "training": {**args, "seconds": time.monotonic() - t_start, "epochs_run": len(history), "cut_short": cut,
                      "num_train_requests": len(train_req), "num_val_requests": len(val_req),
                      "trace": {"model": train.meta.model, "source": train.meta.source, "tokens": train.num_tokens}},
         "metrics": {"val_loss": best["loss"], "val_mean_recall": best["mean_recall"],
