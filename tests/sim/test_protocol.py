@@ -141,3 +141,17 @@ def test_moe_beyond_table_from_the_shared_files(shared_traces):
                                                            predictions=str(folder / "predicted")))))
     assert abs(lru["hit_rate"] - 0.281) <= 0.01 and lru["capacity"] == 166
     assert abs(theirs["hit_rate"] - 0.724) <= 0.01
+
+
+def test_belady_under_a_reset_reads_each_requests_own_future(monkeypatch):
+    # Each request is replayed alone; an oracle must still find its future at the request's place in the trace.
+    trace = make_trace(num_tokens=90, num_requests=4, seed=5)
+    cfg, w = _workload(trace, monkeypatch)
+    fields = cfg.to_dict() | dict(system="belady", residency=0.3, link="free", reset="empty")
+
+    def misses(test):
+        row = run_one(load_workload(cfg, train=trace, test=test), SimConfig(**fields))
+        return row["activations"] - row["ready"] - row["late"]
+
+    alone = [misses(trace.select_requests([r])) for r in range(trace.num_requests)]
+    assert misses(trace) == sum(alone)

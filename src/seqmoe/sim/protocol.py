@@ -7,7 +7,7 @@ here, each usable alone:
     hw = free_link(hardware)                           # seqmoe.costs.profiles: copies cost nothing
     scored = scored_tokens(trace.request_offsets, 10)  # [T] bool: the tokens counted
     starts = reset_starts("random", capacity=C, ...)   # seqmoe.brain.manager.placement: each request's pool
-    counts = replay_per_request(trace, simulate_one, starts=starts, scored=scored)
+    counts = replay_per_request(trace, simulate_one, starts=starts)
 """
 
 from __future__ import annotations
@@ -36,12 +36,10 @@ def scored_tokens(request_offsets: np.ndarray, warmup: int) -> np.ndarray:
     return position >= warmup
 
 
-def replay_per_request(trace: RoutingTrace, simulate_one, *, starts, scored: np.ndarray | None) -> SimCounts:
-    """Replay each request of `trace` alone from its own start placement: `simulate_one(sub_trace,
-    start, scored)` replays one (the system and its learned state carry over; the pool does not);
-    the requests' counts summed."""
-    spans, off = [], trace.request_offsets
-    for r in range(trace.num_requests):
-        mask = None if scored is None else scored[off[r]:off[r + 1]]
-        spans.append((SimCounts(), simulate_one(trace.select_requests([r]), starts(r), mask)))
-    return spans_total(spans)
+def replay_per_request(trace: RoutingTrace, simulate_one, *, starts) -> SimCounts:
+    """Replay each request of `trace` alone from its own start placement: `simulate_one(span, start)`
+    replays the tokens of one (a range, numbered as in `trace`; the system and its learned state carry
+    over, the pool does not); the requests' counts summed."""
+    off = trace.request_offsets
+    return spans_total([(SimCounts(), simulate_one(range(int(off[r]), int(off[r + 1])), starts(r)))
+                        for r in range(trace.num_requests)])

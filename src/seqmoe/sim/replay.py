@@ -27,7 +27,7 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
              capacity: int, start, progress: bool = False, compiled: bool = True,
              max_kl: float | None = None, window_tokens: int | None = None, plan: Lockstep | None = None,
              pools: dict | None = None, host_rows: int | None = None, host_policy: str | None = None,
-             scored: np.ndarray | None = None) -> SimCounts:
+             scored: np.ndarray | None = None, span: range | None = None) -> SimCounts:
     """Replay `trace` as batch-1 decode (or batched, by `plan`) with `system` managing `capacity` slots.
 
     Args:
@@ -53,6 +53,8 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
         host_policy: the host cache's policy ("lru" or "forecast"); None: `seqmoe.brain.manager.host_tier.host_policy`.
         scored: [T] bool, the tokens the counts are of (a protocol's warm-up tokens are replayed, not
             scored: `seqmoe.sim.protocol`); None: every token. Batch 1 only.
+        span: replay only these tokens (whole requests), numbered as in `trace`, so that a system reading
+            the trace's future (an oracle) finds it at the right place; None: every token. Batch 1 only.
 
     Returns:
         Counts and times of the replay (see `seqmoe.brain.manager.summarize` for the metrics).
@@ -72,9 +74,10 @@ def simulate(trace: RoutingTrace, system: System, *, model: ModelProfile, hardwa
     driver = Driver(manager, disk=disk)
     if disk is not None:
         disk.attach(manager)
-    if scored is not None and plan is not None and plan.batch > 1:
-        raise ValueError("scored tokens are a batch-1 replay's: a batched step serves warm and scored rows at once")
-    return _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates, scored)
+    if (scored is not None or span is not None) and plan is not None and plan.batch > 1:
+        raise ValueError("scored tokens and spans are a batch-1 replay's: a batched step serves several requests")
+    span = range(trace.num_tokens) if span is None else span
+    return _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates, scored, span)
 
 
 def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
@@ -84,7 +87,7 @@ def _disk(system, model, hardware, rows, policy, start, plan) -> DiskClock:
     return DiskClock(tier, model=model, hardware=hardware)
 
 
-def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates, scored=None) -> SimCounts:
+def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools, gates, scored, span) -> SimCounts:
     """`simulate`'s replay on `driver`."""
     routing = None if max_kl is None else _replayed_routing(driver, max_kl)
     if plan is not None and plan.batch > 1:
@@ -96,9 +99,10 @@ def _replay(trace, system, driver, progress, max_kl, window_tokens, plan, pools,
     ids = trace.expert_ids
     tokens = trace.token_ids.tolist() if trace.token_ids is not None else None
     starts = set(trace.request_offsets[:-1].tolist())
-    bar = tqdm(total=trace.num_tokens, disable=not progress, unit="tok", desc=system.name, mininterval=0.5, leave=False)
+    bar = tqdm(total=len(span), disable=not progress, unit="tok", desc=system.name, mininterval=0.5, leave=False)
     windows, mark, spans, opened = [], None, [], None
-    for t in range(trace.num_tokens):
+    driver.first = span.start  # positions numbered as in the trace
+    for t in span:
         if scored is not None and bool(scored[t]) != (opened is not None):
             opened = _toggle_span(driver, spans, opened)
         if window_tokens and t % window_tokens == 0:

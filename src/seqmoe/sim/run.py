@@ -136,18 +136,18 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
     hardware = free_link(w.hardware) if cfg.link == "free" else w.hardware
     scored = scored_tokens(test.request_offsets, cfg.warmup) if cfg.warmup else None
 
-    def replay(trace, start, scored):
-        return simulate(trace, system, model=model, hardware=hardware, capacity=capacity, start=start,
+    def replay(span, start):
+        return simulate(test, system, model=model, hardware=hardware, capacity=capacity, start=start,
                         progress=progress and cfg.reset is None, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens,
-                        plan=plan, pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy, scored=scored)
+                        plan=plan, pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy, scored=scored, span=span)
 
     t0 = time.perf_counter()
     if cfg.reset is None:
-        counts = replay(test, start, scored)
+        counts = replay(None, start)
     else:
         starts = reset_starts(cfg.reset, capacity=capacity, num_uids=L * E, seed=cfg.seed,
                               frequency=start_placement(w.train, capacity))
-        counts = replay_per_request(test, replay, starts=starts, scored=scored)
+        counts = replay_per_request(test, replay, starts=starts)
     wall = time.perf_counter() - t0
     row = {"schema_version": SCHEMA_VERSION, "system": cfg.system, **manager_kind(system), "residency": residency,
            "capacity": capacity,

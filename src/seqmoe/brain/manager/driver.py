@@ -42,6 +42,7 @@ class Driver:
         self.L, self.E, self.K = manager.num_layers, manager.num_experts, manager.top_k
         self.clock = 0.0
         self.tokens = 0  # decode steps whose last layer has ended (positions are numbered by them)
+        self.first = 0  # positions are numbered from this token on (a replay of a later request alone)
         self.rows = 0  # tokens decoded: the steps' rows summed (= steps at batch 1)
         self.expert_reads = 0  # (step, layer, expert) triples computed: the layers' distinct experts summed
         self._distinct = self.K  # the current layer's distinct experts
@@ -57,7 +58,7 @@ class Driver:
         self.clock += self.manager.token_s
         if self.disk is not None:
             self.disk.token_start(self.clock)
-        self.manager.token_start(self.tokens * self.L, self.clock, token_id)
+        self.manager.token_start((self.first + self.tokens) * self.L, self.clock, token_id)
         if self.disk is not None:
             self.disk.after_token_start()
 
@@ -78,7 +79,7 @@ class Driver:
         self.clock += self.manager.token_s
         if self.disk is not None:
             self.disk.token_start(self.clock)
-        self.manager.token_start(self.tokens * self.L, self.clock, list(token_ids))
+        self.manager.token_start((self.first + self.tokens) * self.L, self.clock, list(token_ids))
         if self.disk is not None:
             self.disk.after_token_start()
 
@@ -107,7 +108,7 @@ class Driver:
         reveal = self.clock + m.non_expert_s
         if self.disk is not None:
             self.disk.before_layer(uids, reveal)
-        self.clock = m.layer(self.tokens * self.L + layer, uids, ids if m.wants_ids else None, reveal, weights, mult)
+        self.clock = m.layer((self.first + self.tokens) * self.L + layer, uids, ids if m.wants_ids else None, reveal, weights, mult)
         if self.disk is not None:
             self.clock = self.disk.after_layer(m, self.clock)
 
@@ -134,7 +135,7 @@ class Driver:
         if self.disk is not None:
             self.disk.at(self.clock)
         if self._replans:
-            self.manager.layer_end(self.tokens * self.L + layer, self.clock)
+            self.manager.layer_end((self.first + self.tokens) * self.L + layer, self.clock)
         if layer == self.L - 1:
             self.tokens += 1
             self.rows += self._batch
