@@ -139,7 +139,8 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
     def replay(span, start):
         return simulate(test, system, model=model, hardware=hardware, capacity=capacity, start=start,
                         progress=progress and cfg.reset is None, max_kl=cfg.max_kl, window_tokens=cfg.window_tokens,
-                        plan=plan, pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy, scored=scored, span=span)
+                        plan=plan, pools=pools or None, host_rows=host_rows, host_policy=cfg.host_policy, scored=scored,
+                        span=span)
 
     t0 = time.perf_counter()
     if cfg.reset is None:

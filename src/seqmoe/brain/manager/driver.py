@@ -108,7 +108,8 @@ class Driver:
         reveal = self.clock + m.non_expert_s
         if self.disk is not None:
             self.disk.before_layer(uids, reveal)
-        self.clock = m.layer((self.first + self.tokens) * self.L + layer, uids, ids if m.wants_ids else None, reveal, weights, mult)
+        step = (self.first + self.tokens) * self.L + layer
+        self.clock = m.layer(step, uids, ids if m.wants_ids else None, reveal, weights, mult)
         if self.disk is not None:
             self.clock = self.disk.after_layer(m, self.clock)
 
