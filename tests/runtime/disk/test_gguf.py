@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 gguf = pytest.importorskip("gguf")
 
 import seqmoe  # noqa: E402
-from seqmoe.arch.shipped import SHIPPED_CODECS  # noqa: E402
+from seqmoe.arch.gguf_writer import write_gguf  # noqa: E402
 from seqmoe.base.errors import UserError  # noqa: E402
 from tests.arch.collect.tiny_models import _COMMON  # noqa: E402
 
@@ -37,56 +37,6 @@ def model():
             if name.endswith("gate.weight"):
                 p.normal_(0, 1)  # decided routing: near-ties flip under rounding noise
     return model
-
-
-def write_gguf(model, path, formats=("q4_k", "q4_k", "q8_0"), arch="qwen3moe", last_down=None, tokenizer=False):
-    """`model` as llama.cpp's converter writes a Qwen3-MoE: metadata, tensors by GGUF name, experts [E, rows,
-    row bytes] in `formats` (gate, up, down; `last_down`: another for the last layer's down); with `tokenizer`
-    a byte-level BPE of the printable characters and one merge ("ab"), which transformers reads back."""
-    c = model.config
-    w = gguf.GGUFWriter(path, arch)
-    if tokenizer:
-        w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("default")
-        w.add_token_list([chr(i) if 32 <= i < 127 else f"<{i}>" for i in range(127)] + ["ab"])
-        w.add_token_types([1] * 128)
-        w.add_token_scores([0.0] * 128)
-        w.add_token_merges(["a b"])
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-    w.add_context_length(c.max_position_embeddings)
-    w.add_block_count(L)
-    w.add_embedding_length(H)
-    w.add_feed_forward_length(c.intermediate_size)
-    w.add_head_count(c.num_attention_heads)
-    w.add_head_count_kv(c.num_key_value_heads)
-    w.add_key_length(c.head_dim)
-    w.add_value_length(c.head_dim)
-    w.add_layer_norm_rms_eps(c.rms_norm_eps)
-    w.add_rope_freq_base(c.rope_parameters["rope_theta"])
-    w.add_expert_count(E)
-    w.add_expert_used_count(c.num_experts_per_tok)
-    w.add_expert_feed_forward_length(I)
-    w.add_vocab_size(c.vocab_size)
-    names = gguf.TensorNameMap(gguf.MODEL_ARCH.QWEN3MOE, L)
-    for name, p in model.state_dict().items():
-        block = name.split(".")[2] if ".layers." in name else None
-        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
-            down = name.endswith("down_proj")
-            parts = (("down", p),) if down else (("gate", p[:, :I]), ("up", p[:, I:]))
-            for (which, part), fmt in zip(parts, formats[2:] if down else formats[:2]):
-                fmt = last_down if down and last_down and int(block) == L - 1 else fmt
-                raw = SHIPPED_CODECS[fmt].encode(part)[""].numpy() if fmt != "f16" else part.half().numpy()
-                kind = gguf.GGMLQuantizationType[fmt.upper()]
-                w.add_tensor(f"blk.{block}.ffn_{which}_exps.weight", raw, raw_dtype=kind)
-            continue
-        module, _, leaf = name.rpartition(".")
-        w.add_tensor(f"{names.get_name(module)}.{leaf}", p.numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def test_a_gguf_file_gives_transformers_tokens_with_its_experts_in_their_blocks(model, tmp_path):
