@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         print(f"{args.gguf} does not exist: write it with --write", file=sys.stderr)
         return 2
     if importlib.util.find_spec("llama_cpp") is None:
-        print("llama-cpp-python is not installed (pip install llama-cpp-python builds llama.cpp here); skipped",
+        print("llama-cpp-python is not installed (pip install 'seqmoe[llama]' builds llama.cpp here); skipped",
               file=sys.stderr)
         return 0
     sides = {"llama.cpp (mmap)": [sys.executable, "-c", LLAMA_CHILD, args.gguf, str(args.tokens), str(args.threads),
