@@ -22,7 +22,7 @@ from pathlib import Path
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.miss_paths import DEFAULT_TWIN_BUDGET, check_miss, check_twin
 from seqmoe.brain.manager.placement import check_residency
-from seqmoe.brain.manager.systems import live_systems, system_spec
+from seqmoe.brain.manager.systems import check_live_system, system_spec
 from seqmoe.arch.model_dirs import DTYPES, resolve_model_dir
 from seqmoe.costs.precision import check_precision, parse_bytes
 from seqmoe.brain.predict.drafters import check_draft
@@ -279,24 +279,6 @@ def check_bench(new_tokens: int, repeats: int, link_ratio: float) -> None:
     to time, and a link that takes time."""
     if new_tokens < 2 or repeats < 1 or not link_ratio > 0:
         raise UserError(f"need new_tokens >= 2, repeats >= 1 and link_ratio > 0 (got {new_tokens}, {repeats}, {link_ratio})")
-
-
-def check_live_system(system: str, *, train: bool, predictor: bool, replay: bool = False) -> None:
-    """UserError unless `system` can run live with what is given: a training trace (`train`), a trained
-    forecaster (`predictor`), the routing a harness forces (`replay`: oracles may read its future)."""
-    live = live_systems(with_predictor=True, with_host=True, with_pregate=True)
-    spec = system_spec(system, live)
-    if spec.reads_future and not replay:
-        raise UserError(f"system {system!r} reads the future of the trace and cannot run live; choose one of: "
-                        f"{', '.join(live)}")
-    if spec.needs_pregate and not (predictor or train):
-        raise UserError(f"system {system!r} needs the seq2seq forecaster: pass predictor= (--predictor DIR: a "
-                        "checkpoint of `seqmoe train` on a trace of this model), or train= (--train TRACE) to train "
-                        "one on")
-    # The other seqmoe systems learn their forecaster online without a predictor or a trace.
-    if ((spec.learns and not spec.needs_predictor) or spec.needs_pregate) and not train:
-        raise UserError(f"system {system!r} learns from a routing trace of this model: pass train= (--train TRACE, "
-                        "from `seqmoe trace collect`), or choose one of: " + ", ".join(live_systems(with_train=False)))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -23,6 +23,7 @@ import time
 
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.placement import check_residency
+from seqmoe.brain.manager.systems import check_live_system
 from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
 from seqmoe.config import (
     COMPARED_RESIDENCIES,
@@ -30,7 +31,6 @@ from seqmoe.config import (
     LoadConfig,
     OffloadConfig,
     check_bench,
-    check_live_system,
 )
 from seqmoe.costs.precision import PRECISIONS, SHIPPED, format_bytes
 from seqmoe.trace.io import load_trace

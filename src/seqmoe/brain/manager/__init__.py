@@ -11,9 +11,9 @@ runtime's control plane (over a live model's routers):
 Parts: `state` (the state machine and its `System` of policy, predictor and scheduler), `channel`
 (the copy channel), `driver` (the clock and the call order), `placement` (capacity, start
 placement, the checks of the inputs), `counts` (counts and the metric summary), `systems` (the
-named systems and what each declares), `build` (which state machine runs a system). The names
-below are imported on first use: `seqmoe.config` reads the miss paths, placement checks and system
-specs without numba.
+named systems and what each declares; `registry`, the mechanism they register with), `build` (which
+state machine runs a system). The names below are imported on first use: `seqmoe.config` reads the
+miss paths, placement checks and system specs without numba.
 """
 
 from seqmoe.base.lazy import lazy_exports

@@ -37,10 +37,10 @@ from seqmoe.arch import cache_kwarg, model_arch, moe_layers
 from seqmoe.arch.collect import collect_trace
 from seqmoe.arch.quant import quantize_experts
 from seqmoe.base.errors import UserError
-from seqmoe.brain.manager.systems import SYSTEMS as ALL
+from seqmoe.brain.manager.systems import SYSTEMS as ALL, check_live_system
 from seqmoe.brain.predict.checkpoints import load_seq_predictor
 from seqmoe.brain.predict.train import train_seq_predictor
-from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, OffloadConfig, check_bench, check_live_system
+from seqmoe.config import COMPARED_RESIDENCIES, COMPARED_SYSTEMS, OffloadConfig, check_bench
 from seqmoe.costs.host_cost import host_fields
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, full_load_token_s
 from seqmoe.runtime.eager.host_exec import model_host_expert_s
