@@ -327,7 +327,7 @@ def _fit(train: RoutingTrace, args: dict, progress: bool, log) -> tuple[dict, Se
             break
     bar.close()
     net.load_state_dict(best_state)
-    cut = bool(history[-1]["partial"]) or len(history) < args["epochs"]
+    cut = bool(history[-1]["partial"])  # only a stop at the deadline ends the loop early
     if cut and log is not None:
         log(f"stopped at the {args['max_minutes']:g}-minute limit in epoch {len(history)} of {args['epochs']}: "
             "this forecaster is worse than the same seed trains without a limit")

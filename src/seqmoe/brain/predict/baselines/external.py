@@ -146,7 +146,8 @@ class ExternalPredictor(Predictor):
         pass
 
     def predict(self, step: int) -> Forecast | None:
-        # step is the driver's (numbered from the replay's start); at a token start, the previous position's
+        # step is the caller's (its tokens may be numbered from anywhere: the tokens begun place it); at a token
+        # start, the previous position's
         first = (self.t + step // self.L - self.local) * self.L + step % self.L + 1
         last = min(first + self.horizon, int(self.offsets[self.r + 1]) * self.L)  # not into the next request
         if last <= first:
