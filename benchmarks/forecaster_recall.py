@@ -6,7 +6,7 @@ Trains the sequence forecaster with `seqmoe train`'s defaults (seed 0, no time l
 thread, so the same code gives the same weights on any machine of the same torch build, then scores
 it with `eval-predictor`'s recall@K on prompts it never saw: DeepSeek-V2-Lite's WebGLM routing of
 ../shared, trained on all of Puffin (about 10 minutes on one core; --quick: Puffin's first 300
-prompts, 2 epochs, about 1 minute). Prints recall@K one layer, one token and two tokens ahead beside
+prompts, 2 epochs, about 2 minutes). Prints recall@K one layer, one token and two tokens ahead beside
 the figures recorded below and exits 1 when any fell by more than TOLERANCE: a change to training
 or inference that costs recall shows here, not months later in a hit rate. A deliberate change
 records its new figures here with the reason in docs/LOG.md. Skipped with a note when ../shared is
@@ -39,7 +39,7 @@ QUICK = {"prompts": 300, "epochs": 2}
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_shared_flag(p)
-    p.add_argument("--quick", action="store_true", help="Puffin's first 300 prompts, 2 epochs (about a minute)")
+    p.add_argument("--quick", action="store_true", help="Puffin's first 300 prompts, 2 epochs (about 2 minutes)")
     p.add_argument("--out", default="results/forecaster_recall.json", help="JSON of the figures")
     args = p.parse_args(argv)
     root = Path(args.shared) / "data/traces"
@@ -49,11 +49,11 @@ def main(argv=None) -> int:
         return 0
     mode = "quick" if args.quick else "full"
     train, test = load_trace(train_dir), load_trace(test_dir)
-    epochs = 8
+    quick = {}  # full: `seqmoe train`'s own defaults
     if args.quick:
-        train, epochs = train.select_requests(np.arange(QUICK["prompts"])), QUICK["epochs"]
+        train, quick = train.select_requests(np.arange(QUICK["prompts"])), {"epochs": QUICK["epochs"]}
     with tempfile.TemporaryDirectory() as tmp:
-        info = train_seq_predictor(train, tmp, epochs=epochs, seed=0, threads=1, progress=True)
+        info = train_seq_predictor(train, tmp, seed=0, threads=1, progress=True, **quick)
         seq = load_seq_predictor(tmp)
     seq.check_trace(test)
     L = test.num_layers
