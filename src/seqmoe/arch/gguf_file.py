@@ -9,7 +9,7 @@ import functools
 import importlib.util
 from pathlib import Path
 
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import UserError, needs_extra
 
 
 def gguf_file(path) -> Path | None:
@@ -41,8 +41,7 @@ def _reader(path: str, stamp: tuple):
 def gguf_reader(path):
     """gguf-py's reader of GGUF file `path` (memory-mapped; kept while the file is unchanged)."""
     if importlib.util.find_spec("gguf") is None:
-        raise UserError(f"reading {path} needs gguf-py, llama.cpp's reader: pip install gguf (from a checkout: "
-                        "pip install -e '.[gguf]')")
+        raise needs_extra(f"reading {path} needs gguf-py, llama.cpp's reader", "gguf")
     st = Path(path).stat()
     try:
         return _reader(str(path), (st.st_size, st.st_mtime_ns, st.st_ino))

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from seqmoe.arch.tiny.traces import load_demo_traces
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import UserError, needs_extra
 from seqmoe.brain.manager.systems import systems_with
 from seqmoe.brain.predict.checkpoints import cache_dir, trace_fingerprint
 from seqmoe.config import COMPARED_RESIDENCIES, DEFAULT_HARDWARE, SimConfig
@@ -36,7 +36,7 @@ def demo_predictor(train: RoutingTrace, *, minutes: float = 2.5, progress: bool 
         try:
             from seqmoe.brain.predict.train import train_seq_predictor  # torch: only when this runs
         except ImportError:
-            raise UserError("the demo trains a forecaster, which needs torch: pip install 'seqmoe[train]'") from None
+            raise needs_extra("the demo trains a forecaster, which needs torch", "train") from None
         print(f"seqmoe demo: training the forecaster once into {out} (at most {minutes:g} minutes)", file=sys.stderr)
         train_seq_predictor(train, out, progress=progress, max_minutes=minutes, **FORECASTER)
     return out

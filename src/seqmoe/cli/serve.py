@@ -18,7 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import UserError, needs_extra
 from seqmoe.brain.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS  # not serve.admission: it loads torch
 from seqmoe.cli.args import progress
 from seqmoe.cli.runtime import add_offload_flags, offload_configs
@@ -97,7 +97,7 @@ def run_serve(args) -> int:
 
         from seqmoe.serve.api import create_app  # fastapi, torch: only when this runs
     except ImportError as e:
-        raise UserError(f"seqmoe serve needs fastapi and uvicorn ({e}); install them: pip install 'seqmoe[serve]'") from None
+        raise needs_extra("seqmoe serve needs fastapi and uvicorn", "serve", e) from None
     from seqmoe.serve.startup import start_batcher  # torch: only when this runs
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once

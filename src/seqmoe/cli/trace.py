@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import UserError, needs_extra
 from seqmoe.base.files import atomic_path
 from seqmoe.cli.args import progress
 from seqmoe.trace.io import ACCEPTED, load_trace, save_trace, write_trace_file
@@ -129,7 +129,7 @@ def run_collect(args: argparse.Namespace) -> int:
         from seqmoe.arch.collect.collector import collect_trace, read_text_requests  # torch: only when this runs
         from seqmoe.arch.collect.models import load_model, resolve_model_dir  # torch: only when this runs
     except ImportError as e:
-        raise UserError(f"trace collection needs torch and transformers ({e}); pip install 'seqmoe[hf]'") from None
+        raise needs_extra("trace collection needs torch and transformers", "hf", e) from None
 
     texts, labels = read_text_requests(args.text, args.requests)
     if args.max_requests:

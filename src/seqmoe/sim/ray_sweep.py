@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import UserError, needs_extra
 from seqmoe.brain.manager.systems import system_spec
 from seqmoe.brain.predict.checkpoints import load_seq_predictor
 from seqmoe.brain.predict.provide import seq_predictor_for
@@ -151,5 +151,5 @@ def _import_ray():
     try:
         import ray  # ray: only when this runs
     except ImportError:
-        raise UserError("--ray needs Ray: pip install 'seqmoe[ray]' (from a checkout: pip install -e '.[ray]')") from None
+        raise needs_extra("--ray needs Ray", "ray") from None
     return ray

@@ -19,7 +19,7 @@ from seqmoe.arch.gguf_file import gguf_file
 from seqmoe.arch import MoeLayer, moe_layers
 from seqmoe.arch.model_dirs import DTYPES, has_tokenizer_files, resolve_model_dir
 from seqmoe.arch.quant import converted_precision
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import UserError, needs_extra
 
 __all__ = ["load_model", "moe_layers", "MoeLayer", "resolve_model_dir"]
 
@@ -29,7 +29,7 @@ def _import_hf():
     try:
         import transformers  # transformers: only when this runs
     except ImportError as e:
-        raise UserError(f"trace collection needs torch and transformers ({e}); install them: pip install 'seqmoe[hf]'") from None
+        raise needs_extra("loading a transformers model needs transformers", "hf", e) from None
     return torch, transformers
 
 

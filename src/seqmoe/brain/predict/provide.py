@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import needs_extra
 from seqmoe.brain.predict.checkpoints import cache_dir, load_seq_predictor, save_checkpoint, trace_fingerprint
 from seqmoe.brain.predict.seqmodel import SeqPredictor
 from seqmoe.trace.schema import RoutingTrace
@@ -23,8 +23,7 @@ def seq_predictor_for(path: str | None, train: RoutingTrace, *, progress: bool =
         try:
             from seqmoe.brain.predict.train import train_seq_predictor  # torch: only when this runs
         except ImportError:
-            raise UserError("training a forecaster needs torch (pip install 'seqmoe[train]'); "
-                            "or pass --predictor DIR") from None
+            raise needs_extra("training a forecaster needs torch (or pass --predictor DIR)", "train") from None
         print(f"seqmoe: no --predictor given; training one on the training trace into {out} "
               "(once; about 10 minutes on 2 cores for DeepSeek-V2-Lite's Puffin trace)", file=sys.stderr)
         train_seq_predictor(train, out, progress=progress)
