@@ -141,7 +141,7 @@ class ManagerConfig:
         if self.miss is not None:
             check_miss(self.miss)
         check_routing(self.routing, self.max_kl)
-        check_twin(self.twin, self.twin_budget)
+        check_twin(self.twin, self.twin_budget, self.expert_dtype)
         check_draft(self.draft)
 
 

@@ -83,3 +83,36 @@ def test_generate_streams_experts_through_a_host_cache(checkpoint, capsys):
     stats = json.loads(lines[-1])
     assert stats["host_rows"] == 10 and stats["disk_reads"] > 0 and "sim_host_expert_s" in stats
     assert any(line.startswith("disk: a host cache of 10 experts") for line in lines)
+
+
+def _no_weights(monkeypatch):
+    """Loading any weights fails the test: the check under test must come first."""
+    def loaded(*args, **kwargs):
+        raise AssertionError("weights were loaded before the bad option was refused")
+    monkeypatch.setattr("seqmoe.runtime.load.load_model", loaded)
+    monkeypatch.setattr("seqmoe.runtime.disk.skeleton._materialise", loaded)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--expert-memory", "1KiB"], "fewer than the 2 one layer needs"),
+    (["--host-memory", "1"], "the host cache needs at least"),
+    (["--max-new-tokens", "1000"], "context of 256 positions; give at most 255"),
+    (["--max-new-tokens", "100000000000"], "context of 256 positions"),
+    (["--expert-dtype", "int4", "--twin", "int8"], "not smaller than the int4 experts"),
+])
+def test_generate_refuses_bad_options_before_any_weight_loads(checkpoint, monkeypatch, extra, message):
+    _no_weights(monkeypatch)
+    with pytest.raises(UserError, match=message):
+        run_cli(["generate", "--model", str(checkpoint[0]), "--prompt", "x", "--device", "cpu", *extra])
+
+
+def test_generate_refuses_a_prompt_and_completion_past_the_context(checkpoint):
+    with pytest.raises(UserError, match=r"past .*context of 256 positions; give --max-new-tokens at most"):
+        run_cli(["generate", "--model", str(checkpoint[0]), "--prompt", "Hello MoE", "--device", "cpu",
+                 "--max-new-tokens", "255"])
+
+
+def test_calibrate_refuses_no_tokens_before_the_model_loads(monkeypatch):
+    monkeypatch.setattr("seqmoe.arch.collect.load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises(UserError, match="--tokens must be at least 1"):
+        run_cli(["calibrate", "--tokens", "0"])

@@ -16,6 +16,7 @@ from seqmoe.cli import main
     (["--port", "70000"], "--port must be in"),
     (["--queue-limit", "-1"], "--queue-limit must be >= 0"),
     (["--context-length", "1"], "--context-length must be >= 2"),
+    (["--context-length", "100000000"], "past seqmoe-tiny's context of 256 positions"),
     (["--chat-template", "/nonexistent/chat.jinja"], "no chat template file"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, flags, message):

@@ -4,10 +4,12 @@ Nothing here imports torch, so a command can check its model argument before it 
     resolve_model_dir("seqmoe-tiny")     # the packaged folder
     resolve_model_dir("models/olmoe")    # any local folder with config.json
     has_tokenizer_files(path)            # whether the folder holds a tokenizer
+    max_positions(path)                  # the context length its config.json gives, or None
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -55,3 +57,18 @@ def has_tokenizer_files(path: Path) -> bool:
     if gguf is not None:
         return "tokenizer.ggml.model" in gguf_reader(gguf).fields
     return any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def max_positions(path: Path) -> int | None:
+    """The positions a model folder's config.json allows (`max_position_embeddings`, of its text config
+    where it nests one); None where it does not say or `path` is a GGUF file (read when the model loads)."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{config} is not a readable JSON file ({e}); give a folder saved by save_pretrained") from None
+    data = data.get("text_config") or data if isinstance(data, dict) else {}
+    n = data.get("max_position_embeddings") if isinstance(data, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None

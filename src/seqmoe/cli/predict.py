@@ -99,10 +99,12 @@ def add_predict_commands(subparsers: argparse._SubParsersAction) -> None:
 
 def run_calibrate(args: argparse.Namespace) -> int:
     """`seqmoe calibrate`: the summary, then (with --json) one JSON line."""
+    load = config_from_args(LoadConfig, args)
+    if args.tokens < 1:
+        raise UserError(f"--tokens must be at least 1, got {args.tokens}")
     from seqmoe.arch.collect import load_model  # torch: only when this runs
     from seqmoe.runtime.calibrate import calibrate, default_texts, texts_from  # torch: only when this runs
 
-    load = config_from_args(LoadConfig, args)
     texts = texts_from(args.text) if args.text else None  # a bad folder fails before the model loads
     import torch  # torch: only when this runs
 

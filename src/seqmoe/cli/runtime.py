@@ -21,6 +21,7 @@ import json
 import sys
 import time
 
+from seqmoe.arch.model_dirs import max_positions, resolve_model_dir
 from seqmoe.base.errors import UserError
 from seqmoe.brain.manager.placement import check_residency
 from seqmoe.brain.manager.systems import check_live_system
@@ -144,6 +145,10 @@ def run_generate(args) -> int:
         raise UserError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not args.prompt:
         raise UserError("--prompt is empty; give some text")
+    limit = max_positions(resolve_model_dir(load.model))  # config.json's; a GGUF file's is checked once it loads
+    if limit is not None and args.max_new_tokens >= limit:
+        raise UserError(f"--max-new-tokens {args.max_new_tokens} leaves no room for the prompt in {load.model}'s "
+                        f"context of {limit} positions; give at most {limit - 1}")
     import torch  # torch: only when this runs
 
     from seqmoe.runtime.load import load_offloaded  # torch: only when this runs
@@ -152,8 +157,14 @@ def run_generate(args) -> int:
     model, tok, runtime = loaded.model, loaded.tokenizer, loaded.runtime
     ids = tok(args.prompt, return_tensors="pt")["input_ids"]
     if ids.shape[1] == 0:
-        runtime.restore()
+        runtime.close()  # the command ends here (restore cannot give back experts streamed from disk)
         raise UserError("the prompt has no tokens; give some text")
+    limit = getattr(model.config.get_text_config(decoder=True), "max_position_embeddings", None)
+    if limit and ids.shape[1] + args.max_new_tokens > limit:
+        runtime.close()
+        raise UserError(f"the prompt has {ids.shape[1]} tokens and --max-new-tokens asks for {args.max_new_tokens} more, "
+                        f"past {load.model}'s context of {limit} positions; give --max-new-tokens at most "
+                        f"{max(limit - ids.shape[1], 0)} or a shorter prompt")
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else tok.eos_token_id
     ids = ids.to(runtime.pool.device)
     # On CUDA the captured step is the default wherever the control plane runs on its thread.

@@ -18,6 +18,7 @@ import socket
 import sys
 from pathlib import Path
 
+from seqmoe.arch.model_dirs import max_positions, resolve_model_dir
 from seqmoe.base.errors import UserError, needs_extra
 from seqmoe.brain.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS  # not serve.admission: it loads torch
 from seqmoe.cli.args import progress
@@ -71,6 +72,10 @@ def _check_args(args) -> None:
         raise UserError(f"--queue-limit must be >= 0, got {args.queue_limit}")
     if args.context_length is not None and args.context_length < 2:
         raise UserError(f"--context-length must be >= 2, got {args.context_length}")
+    limit = max_positions(resolve_model_dir(args.model))
+    if args.context_length is not None and limit is not None and args.context_length > limit:
+        raise UserError(f"--context-length {args.context_length} is past {args.model}'s context of {limit} positions "
+                        f"(max_position_embeddings); give at most {limit}")
     if args.chat_template and not Path(args.chat_template).is_file():
         raise UserError(f"no chat template file at {args.chat_template}")
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from seqmoe.arch import model_arch
 from seqmoe.arch.collect import load_model
 from seqmoe.arch.collect.models import load_tokenizer
 from seqmoe.arch.model_dirs import has_tokenizer_files, resolve_model_dir
@@ -39,7 +40,7 @@ from seqmoe.config import LoadConfig, OffloadConfig
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.runtime.core.device import resolve_device
 from seqmoe.runtime.disk.plan import plan_disk
-from seqmoe.runtime.disk.skeleton import load_skeleton
+from seqmoe.runtime.disk.skeleton import load_skeleton, meta_model
 from seqmoe.runtime.offload import offload
 from seqmoe.trace.io import load_trace
 
@@ -62,17 +63,7 @@ def load(path, residency: float | None = None, *, host_memory=None, dtype=None, 
                         "expert_dtype (the experts stay in the file's codes)")
     cfg = dataclasses.replace(cfg, expert_dtype=stored or cfg.expert_dtype)
 
-    def check(model, arch, layout):  # both budgets, before the dense part is read
-        L, E, K = len(arch.moe), arch.num_experts, arch.top_k
-        layout = store_layout(layout, cfg.expert_dtype)  # the store's rows
-        plan_disk(path, cfg, layout, L, E, K)
-        if cfg.residency is not None:
-            capacity_for(cfg.residency, L, E, K)
-        elif cfg.expert_memory is not None:
-            budget = parse_bytes(cfg.expert_memory, "expert_memory")
-            capacity_for_bytes(budget, layout.expert_bytes, L, E, K, f"expert_memory {format_bytes(budget)}")
-
-    model, skeleton = load_skeleton(path, dtype, check=check)
+    model, skeleton = load_skeleton(path, dtype, check=lambda model, arch, layout: check_budgets(cfg, arch, layout, path))
     files = skeleton.open_files()
     try:
         runtime = offload(model, config=cfg, source=files)
@@ -80,6 +71,20 @@ def load(path, residency: float | None = None, *, host_memory=None, dtype=None, 
         files.close()
         raise
     return model, runtime
+
+
+def check_budgets(cfg: OffloadConfig, arch, layout, source=None) -> None:
+    """UserError when `cfg`'s device budget (or host budget, streaming from `source`) cannot hold what a
+    step needs, for the model `arch` whose experts have `layout`: run on the meta model, before any weight is read."""
+    L, E, K = len(arch.moe), arch.num_experts, arch.top_k
+    layout = store_layout(layout, cfg.expert_dtype)  # the store's rows
+    if source is not None:
+        plan_disk(source, cfg, layout, L, E, K)
+    if cfg.residency is not None:
+        capacity_for(cfg.residency, L, E, K)
+    elif cfg.expert_memory is not None:
+        budget = parse_bytes(cfg.expert_memory, "expert_memory")
+        capacity_for_bytes(budget, layout.expert_bytes, L, E, K, f"expert_memory {format_bytes(budget)}")
 
 
 @dataclass(frozen=True)
@@ -102,13 +107,16 @@ def load_offloaded(load_cfg: LoadConfig, cfg: OffloadConfig, *, needs: str, prog
     device = resolve_device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"), torch.device("cpu"))
     cfg = dataclasses.replace(cfg, device=str(device))
     folder = resolve_model_dir(load_cfg.model)
+    dtype = None if load_cfg.dtype == "auto" else load_cfg.dtype
     if cfg.host_memory is not None or stored_precision(folder):  # experts read from disk, never as a full model
+        model, runtime = load(folder, config=cfg, dtype=dtype)  # the budgets first, on the meta model
         tokenizer = load_tokenizer(folder)
         if tokenizer is None:
+            runtime.close()
             raise UserError(f"{load_cfg.model}'s tokenizer files do not load; {needs}")
-        model, runtime = load(folder, config=cfg,
-                              dtype=None if load_cfg.dtype == "auto" else load_cfg.dtype)
         return Loaded(model, tokenizer, runtime)
+    meta, _, layout = meta_model(folder, dtype)  # the budgets before the weights load
+    check_budgets(cfg, model_arch(meta), layout)
     model, tokenizer = load_model(load_cfg.model, device="cpu", dtype=load_cfg.dtype, progress=progress)
     if tokenizer is None:
         raise UserError(f"{load_cfg.model}'s tokenizer files do not load; {needs}")

@@ -58,8 +58,10 @@ def start_batcher(load: LoadConfig, cfg: OffloadConfig, *, eager: bool = False, 
         if template is not None:
             tok.chat_template = template
         limit = int(getattr(net.config, "max_position_embeddings", 0) or 0) or None
-        if context_length is not None:
-            limit = min(limit, context_length) if limit else context_length
+        if context_length is not None and limit is not None and context_length > limit:
+            raise UserError(f"context_length {context_length} is past {load.model}'s context of {limit} positions "
+                            f"(max_position_embeddings); give at most {limit}")
+        limit = context_length if context_length is not None else limit
         if limit is None:
             raise UserError(f"{load.model}'s config has no max_position_embeddings; give --context-length")
         batcher = Batcher(runtime, tok, queue_limit=queue_limit, max_batch=max_batch, static=None if eager else limit,

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from seqmoe.base.errors import UserError
-from seqmoe.costs.precision import PRECISIONS
+from seqmoe.costs.precision import GROUP, PRECISIONS, quantized_bytes
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,9 @@ class Twin:
     """Gate weight per token the twins may serve, summed over the token's MoE layers."""
 
 
-def check_twin(precision: str | None, budget: float | None) -> Twin | None:
-    """The twin path `precision` and `budget` describe (None: off); UserError for a bad value."""
+def check_twin(precision: str | None, budget: float | None, store: str | None = None) -> Twin | None:
+    """The twin path `precision` and `budget` describe (None: off); UserError for a bad value, or for a
+    twin no smaller than a `store` of seqmoe's precisions (other stores are compared once their bytes are known)."""
     if precision is None:
         if budget is not None:
             raise UserError("twin_budget (--twin-budget) is the budget of the twin miss path: give its precision too "
@@ -132,6 +133,9 @@ def check_twin(precision: str | None, budget: float | None) -> Twin | None:
         return None
     if precision not in PRECISIONS:
         raise UserError(f"unknown twin precision {precision!r}; choose one of: {', '.join(PRECISIONS)}")
+    if store in PRECISIONS and quantized_bytes(GROUP, precision) >= quantized_bytes(GROUP, store):
+        raise UserError(f"twin precision {precision} is not smaller than the {store} experts it would stand in for: choose a "
+                        "lower twin precision (--twin)")
     budget = DEFAULT_TWIN_BUDGET if budget is None else budget
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget >= 0:
         raise UserError(f"twin_budget (--twin-budget) is gate weight per token, a number >= 0; got {budget!r}")
