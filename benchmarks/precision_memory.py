@@ -36,7 +36,7 @@ def _rows(name: str, profile: str, split, max_tokens: int | None) -> list[dict]:
     train, test = split
     model = get_model_profile(profile)
     budget = int(np.floor(0.25 * model.num_layers * model.num_experts + 1e-9)) * model.expert_bytes
-    cfg = SimConfig(trace="-", model_profile=profile, hardware="h100-pcie5", memory=str(budget),
+    cfg = SimConfig(trace="-", model_profile=profile, hardware="h100-pcie5", expert_memory=str(budget),
                     max_tokens=max_tokens)
     w = load_workload(cfg, train=train, test=test)
     rows = []

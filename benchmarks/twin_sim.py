@@ -36,7 +36,7 @@ def _rows(split, budgets: list[float]) -> list[dict]:
     train, test = split
     model = get_model_profile("mixtral-8x7b")
     memory = int(np.floor(0.25 * model.num_layers * model.num_experts + 1e-9)) * model.expert_bytes
-    cfg = SimConfig(trace="-", model_profile="mixtral-8x7b", hardware="h100-pcie5", memory=str(memory))
+    cfg = SimConfig(trace="-", model_profile="mixtral-8x7b", hardware="h100-pcie5", expert_memory=str(memory))
     w = load_workload(cfg, train=train, test=test)
     rows = []
     for miss in MISSES:

@@ -90,7 +90,9 @@ def test_offload_flags_are_generated_from_the_configurations(command):
             if command == "bench-runtime" and f.name in ("threads", "train", "predictor"):
                 continue  # its own default (one thread) and meanings (collected, trained briefly)
             assert flags[f.name].help.replace("%%", "%").startswith(docs[f.name]), f.name
-            assert flags[f.name].default == getattr(cls, "DEFAULTS", {}).get(f.name, f.default), f.name
+            assert flags[f.name].default == f.default, f.name  # None until given: the config fills its default
+            own = getattr(cls, "DEFAULTS", {}).get(f.name)
+            assert own is None or f"(default: {own})" in flags[f.name].help, f.name
     assert sub.format_help()  # help texts are argparse format strings
 
 
@@ -119,3 +121,12 @@ def test_the_defaults_resolve_in_one_place():
     assert OffloadConfig(system="belady", replay=object(), train=object()).system == "belady"  # forced routing
     assert OffloadConfig().for_graph().control == "thread"
     assert LoadConfig().model == "seqmoe-tiny"
+
+
+def test_a_residency_given_with_an_expert_memory_budget_is_refused_in_sim_and_runtime():
+    from seqmoe.config import OffloadConfig, SimConfig
+
+    for cls, extra in ((SimConfig, {"trace": "-"}), (OffloadConfig, {})):
+        with pytest.raises(UserError, match="not both"):
+            cls(residency=0.3, expert_memory="1GiB", **extra)
+        assert cls(expert_memory="1GiB", **extra).expert_memory == "1GiB"

@@ -76,6 +76,10 @@ class ManagerConfig:
     """Fraction of all experts the device pool holds, in (0, 1]: C = floor(residency x L x E) slots (for a
     running model the default is what --expert-memory holds; without it, on cuda the experts that fit the
     free memory, else 0.45)."""
+    expert_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
+    """Device memory for the expert pool instead of --residency: bytes, or a size like 12GiB or 512MiB
+    (C = the experts of the store's precision that fit, so precisions compare at equal memory); the
+    residency it gives is reported."""
     expert_dtype: str | None = field(default=None, metadata={"metavar": "PRECISION"})
     """Precision of the expert store: int8, int4 or fp8 (groups of 64 weights with a float32 scale): host
     rows, copies, slots and reads carry the quantized bytes (a running model's experts are quantized once
@@ -130,8 +134,12 @@ class ManagerConfig:
     before ($SEQMOE_CACHE)."""
 
     def __post_init__(self) -> None:
+        if self.expert_memory is not None:
+            parse_bytes(self.expert_memory, "expert_memory (--expert-memory)")
+            if self.residency is not None:  # before the defaults fill it: a residency given with a budget
+                raise UserError("give a residency or an expert memory budget (--expert-memory), not both")
         for name, value in self.DEFAULTS.items():
-            if getattr(self, name) is None:
+            if getattr(self, name) is None and not (name == "residency" and self.expert_memory is not None):
                 object.__setattr__(self, name, value)
         if self.residency is not None:
             check_residency(self.residency)
@@ -157,9 +165,6 @@ class SimConfig(ManagerConfig):
     """Replay only the first N tokens of the replayed trace (quick looks; default: all)."""
     model_profile: str = "deepseek-v2-lite"
     """Model profile: a preset name (see `seqmoe profiles`) or a .json/.toml file of its fields."""
-    memory: str | None = field(default=None, metadata={"metavar": "BYTES"})
-    """Device memory for the expert pool, instead of --residency: bytes, or a size like 24GiB (C = the
-    experts of --expert-dtype's size that fit), so precisions compare at equal memory."""
     online: bool = False
     """Replay with no training data: every system starts from an empty pool, and the seqmoe systems learn
     their forecaster from the replayed routing as the runtime does (`seqmoe.brain.predict.online`)."""
@@ -201,8 +206,6 @@ class SimConfig(ManagerConfig):
         check_batch(self.batch)
         if self.admission not in ADMISSIONS:
             raise UserError(f"--admission must be one of {', '.join(ADMISSIONS)}, got {self.admission!r}")
-        if self.memory is not None:
-            parse_bytes(self.memory, "--memory")
         self.host_rows()
         if not 0.0 < self.test_fraction < 1.0:
             raise UserError(f"--test-fraction must be in (0, 1), got {self.test_fraction}")
@@ -286,9 +289,6 @@ class OffloadConfig(ManagerConfig):
     """How a model's routed experts are offloaded: every option of `seqmoe.offload` and of the commands
     that offload (generate, serve, bench-runtime), with their defaults."""
 
-    expert_memory: str | int | None = field(default=None, metadata={"metavar": "BYTES"})
-    """Device memory for the expert pool instead of a residency: bytes, or a size like 12GiB or
-    512MiB (C = the experts of the store's precision that fit); the residency it gives is reported."""
     control: str | None = None
     """Where the control plane runs: inline (in the router hooks: the host reads each layer's routing) or
     thread (its own thread fed by a routing mailbox: a decode step never waits for the host and can be
@@ -315,10 +315,6 @@ class OffloadConfig(ManagerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.expert_memory is not None:
-            parse_bytes(self.expert_memory, "expert_memory")
-            if self.residency is not None:
-                raise UserError("give a residency or an expert memory budget, not both")
         check_live_system(self.system, train=self.train is not None, predictor=self.predictor is not None,
                           replay=self.replay is not None)
         if self.control is not None and self.control not in CONTROLS:

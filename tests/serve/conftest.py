@@ -114,7 +114,7 @@ class CLIServer(Server):
 
 def _up(base: str) -> bool:
     try:
-        get_json(base, "/v1/models")
+        get_json(base, "/health")
         return True
     except (urllib.error.URLError, ConnectionError):
         return False

@@ -1,5 +1,5 @@
 """The simulator prices quantized experts as the runtime packs them, and takes a memory budget in
-bytes: `seqmoe sim/sweep --expert-dtype/--expert-dtypes --memory`.
+bytes: `seqmoe sim/sweep --expert-dtype/--expert-dtypes --expert-memory`.
 
 Run: pytest tests/sim/test_precision.py -q
 """
@@ -33,7 +33,7 @@ def test_a_budget_holds_more_quantized_experts_and_copies_fewer_bytes(files, cap
     expert = get_model_profile("deepseek-v2-lite").expert_bytes
     budget = 0.25 * 26 * 64 * expert  # what bf16 experts need for r = 0.25
     out = files / "rows.jsonl"
-    assert main(["sweep", *_base(files), "--systems", "on-demand-lru,belady", "--memory", str(int(budget)),
+    assert main(["sweep", *_base(files), "--systems", "on-demand-lru,belady", "--expert-memory", str(int(budget)),
                  "--expert-dtypes", "none,int8,int4", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     by = {(r["system"], r["expert_dtype"]): r for r in rows}
@@ -47,8 +47,8 @@ def test_a_budget_holds_more_quantized_experts_and_copies_fewer_bytes(files, cap
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--memory", "1MiB"], "fewer than the 6 one layer needs"),
-    (["--memory", "12GB"], "is not a size"),
+    (["--expert-memory", "1MiB"], "fewer than the 6 one layer needs"),
+    (["--expert-memory", "12GB"], "is not a size"),
     (["--expert-dtype", "int3"], "unknown expert precision"),
 ])
 def test_bad_budgets_and_precisions_are_one_line_errors(files, capsys, extra, message):
@@ -58,5 +58,5 @@ def test_bad_budgets_and_precisions_are_one_line_errors(files, capsys, extra, me
 
 
 def test_sweep_takes_residencies_or_a_budget_not_both(files, capsys, tmp_path):
-    argv = ["sweep", *_base(files), "--memory", "1GiB", "--residencies", "0.5", "--out", str(tmp_path / "r.jsonl")]
+    argv = ["sweep", *_base(files), "--expert-memory", "1GiB", "--residencies", "0.5", "--out", str(tmp_path / "r.jsonl")]
     assert main(argv) == 2 and "not both" in capsys.readouterr().err

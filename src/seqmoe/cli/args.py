@@ -59,8 +59,10 @@ def add_config_flags(parser, cls, skip: tuple[str, ...] = (), defaults: dict | N
             continue
         required = f.default is dataclasses.MISSING
         own = getattr(cls, "DEFAULTS", {}).get(f.name, f.default)  # this context's default of a shared field
-        default = None if required else (defaults or {}).get(f.name, own)
-        shown = f.metadata.get(SHOWN_DEFAULT, default)
+        # a shared field's flag stays None unless given (the config fills its context's default): a config can
+        # tell a value the user gave (e.g. --residency beside --expert-memory) from its default
+        default = None if required else (defaults or {}).get(f.name, f.default)
+        shown = f.metadata.get(SHOWN_DEFAULT, own if default is None else default)
         suffix = "" if required or shown is None else f" (default: {shown})"
         help = (docs.get(f.name, "") + suffix).replace("%", "%%")  # argparse formats help with %
         flag = "--" + f.name.replace("_", "-")

@@ -14,6 +14,8 @@ leaves it first: `--admission`).
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import os
 import socket
 import sys
 from pathlib import Path
@@ -23,6 +25,7 @@ from seqmoe.base.errors import UserError, needs_extra
 from seqmoe.brain.admission import ADMISSIONS, CANDIDATES, MAX_SKIPS  # not serve.admission: it loads torch
 from seqmoe.cli.args import progress
 from seqmoe.cli.runtime import add_offload_flags, offload_configs
+from seqmoe.serve.limits import Limits
 
 
 def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +59,20 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
                    "the tokenizer's; without one, chat requests get a 400)")
     s.add_argument("--served-model-name", metavar="NAME", help="the model id clients send (default: the --model "
                    "folder's name)")
+    s.add_argument("--api-key", metavar="KEY", default=os.environ.get("SEQMOE_API_KEY"), help="every route but "
+                   "/health needs the header Authorization: Bearer KEY (a 401 otherwise) (default: $SEQMOE_API_KEY; "
+                   "unset: open, with a warning when --host is not a loopback address)")
+    s.add_argument("--max-body-bytes", type=int, default=Limits.max_body, help="a longer request body is a 413 "
+                   f"(default: {Limits.max_body})")
+    s.add_argument("--stall-timeout", type=float, default=Limits.stall_s, metavar="S", help="a streaming client "
+                   f"that leaves tokens unread this long has its request cancelled and its row freed (default: "
+                   f"{Limits.stall_s:g})")
+    s.add_argument("--request-timeout", type=float, default=Limits.request_timeout_s, metavar="S", help="a request "
+                   "still running after this many seconds is cancelled: a 504, or an error event in a stream "
+                   "(default: none)")
+    s.add_argument("--drain-timeout", type=float, default=30.0, metavar="S", help="on SIGTERM: new requests get a "
+                   "503, running ones finish for at most this long, then the server exits 0 (SIGINT: at once) "
+                   "(default: 30)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default: info: one line per request)")
     s.set_defaults(func=run_serve)
@@ -76,6 +93,12 @@ def _check_args(args) -> None:
     if args.context_length is not None and limit is not None and args.context_length > limit:
         raise UserError(f"--context-length {args.context_length} is past {args.model}'s context of {limit} positions "
                         f"(max_position_embeddings); give at most {limit}")
+    for flag in ("max_body_bytes", "stall_timeout", "request_timeout", "drain_timeout"):
+        value = getattr(args, flag)
+        if value is not None and not value > 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
+    if args.api_key is not None and not args.api_key.strip():
+        raise UserError("--api-key is empty; give a key, or leave it out for an open server")
     if args.chat_template and not Path(args.chat_template).is_file():
         raise UserError(f"no chat template file at {args.chat_template}")
 
@@ -101,6 +124,7 @@ def run_serve(args) -> int:
         import uvicorn  # uvicorn: only when this runs
 
         from seqmoe.serve.api import create_app  # fastapi, torch: only when this runs
+        from seqmoe.serve.lifecycle import DrainingServer  # uvicorn: only when this runs
     except ImportError as e:
         raise needs_extra("seqmoe serve needs fastapi and uvicorn", "serve", e) from None
     from seqmoe.serve.startup import start_batcher  # torch: only when this runs
@@ -114,12 +138,27 @@ def run_serve(args) -> int:
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     print(f"seqmoe: serving {served.name} on {url}/v1 ({served.summary}); stats at {url}/stats", file=sys.stderr,
           flush=True)
+    if args.api_key is None and not _loopback(host):
+        print(f"seqmoe: warning: {host} is reachable beyond this machine and the server has no API key: anyone who "
+              "reaches the port can use it (give --api-key or $SEQMOE_API_KEY)", file=sys.stderr, flush=True)
+    limits = Limits(max_body=args.max_body_bytes, stall_s=args.stall_timeout, request_timeout_s=args.request_timeout)
     app = create_app(served.batcher, served.tokenizer, model_name=served.name, context_length=served.context_length,
-                     temperature=served.temperature, top_p=served.top_p)
-    config = uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5)
+                     temperature=served.temperature, top_p=served.top_p, api_key=args.api_key, limits=limits)
+    server = DrainingServer(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5),
+                            api=app.state.api, drain_timeout=args.drain_timeout)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        server.run(sockets=[sock])
     finally:
         served.close()
         sock.close()
+    if server.interrupted:
+        print("seqmoe: interrupted; the server stopped", file=sys.stderr)
+        return 130
     return 0
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

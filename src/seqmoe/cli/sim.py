@@ -53,13 +53,14 @@ def cmd_sim(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    traces, hardware = _list(args.trace, "--trace"), _list(args.hardware, "--hardware")
+    traces, hardware = _list(args.trace, "--trace"), _list(args.hardware or SimConfig.DEFAULTS["hardware"], "--hardware")
     for h in hardware:
         get_hardware_profile(h)  # an unknown profile fails now, not in its runs
-    cfg = config_from_args(SimConfig, args, system="on-demand-lru", residency=1.0, trace=traces[0], hardware=hardware[0])
+    cfg = config_from_args(SimConfig, args, system="on-demand-lru", residency=None if args.expert_memory else 1.0,
+                           trace=traces[0], hardware=hardware[0])
     systems, residencies = _names(args.systems), floats(args.residencies, "--residencies")
-    if cfg.memory is not None and args.residencies != _RESIDENCIES:
-        raise UserError("give --residencies or --memory, not both")
+    if cfg.expert_memory is not None and args.residencies != _RESIDENCIES:
+        raise UserError("give --residencies or --expert-memory, not both")
     dtypes = [None if p.strip() in ("", "none") else p.strip() for p in args.expert_dtypes.split(",")]
     runs = sweep_runs(cfg, systems, residencies, dtypes, traces=traces, hardware=hardware)
     arrived = []
@@ -185,7 +186,7 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
     sweep.add_argument("--residencies", default=_RESIDENCIES, help=f"comma-separated residencies (default: {_RESIDENCIES})")
     sweep.add_argument("--expert-dtypes", default="none", metavar="PRECISIONS", help="comma-separated precisions of "
                        f"the expert store (none: the model profile's; {', '.join(PRECISIONS)}, or a format checkpoints "
-                       f"ship in: {', '.join(SHIPPED)}); with --memory they compare at equal memory (default: none)")
+                       f"ship in: {', '.join(SHIPPED)}); with --expert-memory they compare at equal memory (default: none)")
     _add_prompt_lengths(sweep)
     sweep.add_argument("--out", required=True, help="JSONL file for the result rows")
     sweep.add_argument("--plot", metavar="DIR", help="also draw the plots into DIR")

@@ -5,11 +5,14 @@
 
 Endpoints: `GET /v1/models`, `POST /v1/completions`, `POST /v1/chat/completions` (with
 `stream: true` as server-sent events, `stream_options.include_usage` for a last usage chunk) and
-`GET /stats` (the runtime's `stats()`, the server's counts, the process's resident memory).
+`GET /stats` (the runtime's `stats()`, the server's counts, the process's resident memory), `GET /metrics`
+(Prometheus' text format, `serve.metrics`) and `GET /health` (200, or 503 while draining). In front of
+them `serve.guard`: the API key, the body limit, the drain.
 Handlers validate, tokenize, enqueue a `Job` and turn its events into responses; they never touch
 the model. Every failure is a JSON error in the OpenAI shape: 400 for a bad body or value, 404 for
 an unknown model, 429 when `queue_limit` requests already wait. A client that goes away (mid-stream
-or while waiting) cancels its job.
+or while waiting) cancels its job; so does one that stops reading a stream for `stall_s`, and a
+request still running after `request_timeout_s` (its row is free at the next step).
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from seqmoe.runtime.proc import status_bytes
 from seqmoe.serve.batcher import Batcher, GenParams, Job, QueueFull
+from seqmoe.serve.guard import Guard
+from seqmoe.serve.limits import Limits
+from seqmoe.serve.metrics import CONTENT_TYPE, ServerMetrics
 from seqmoe.serve.schemas import APIError, ChatRequest, CompletionRequest, error_body
 
 DEFAULT_COMPLETION_TOKENS = 16
@@ -35,12 +41,15 @@ DEFAULT_COMPLETION_TOKENS = 16
 
 
 def create_app(batcher: Batcher, tokenizer, *, model_name: str, context_length: int, temperature: float = 0.0,
-               top_p: float = 1.0) -> FastAPI:
+               top_p: float = 1.0, api_key: str | None = None, limits: Limits = Limits()) -> FastAPI:
     """The app. `tokenizer` is copied (the batcher thread decodes with its own); `temperature` and
-    `top_p` are the defaults of requests that do not set them."""
-    api = _Api(batcher, copy.deepcopy(tokenizer), model_name, context_length, temperature, top_p)
+    `top_p` are the defaults of requests that do not set them; `api_key`: every route but /health
+    needs it (None: open)."""
+    api = _Api(batcher, copy.deepcopy(tokenizer), model_name, context_length, temperature, top_p, limits)
     app = FastAPI(title="seqmoe", description="OpenAI-compatible server for an offloaded MoE model")
     app.state.api = api
+    app.add_middleware(Guard, api_key=api_key, max_body=limits.max_body, draining=lambda: api.draining,
+                       metrics=api.metrics)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -75,6 +84,16 @@ def create_app(batcher: Batcher, tokenizer, *, model_name: str, context_length: 
     async def stats():
         return await api.stats()
 
+    @app.get("/metrics")
+    async def metrics():
+        return Response(await api.scrape(), media_type=CONTENT_TYPE)
+
+    @app.get("/health")
+    async def health():
+        if api.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        return {"status": "ok"}
+
     return app
 
 
@@ -89,9 +108,11 @@ def _validation_body(exc: RequestValidationError) -> dict:
 
 class _Api:
     def __init__(self, batcher: Batcher, tokenizer, model_name: str, context_length: int, temperature: float,
-                 top_p: float) -> None:
+                 top_p: float, limits: Limits) -> None:
         self.batcher, self.tokenizer, self.name = batcher, tokenizer, model_name
-        self.context_length, self.temperature, self.top_p = context_length, temperature, top_p
+        self.context_length, self.temperature, self.top_p, self.limits = context_length, temperature, top_p, limits
+        self.metrics = ServerMetrics()
+        self.draining = False  # set by a SIGTERM (`serve.lifecycle`): new requests get a 503
         self.created = int(time.time())
         self.open_requests = 0  # completion handlers and streams not yet closed (a leak shows here)
 
@@ -128,7 +149,7 @@ class _Api:
         return await self._respond(request, ids, params, body, chat=True)
 
     def _encode_prompt(self, prompt) -> list[int]:
-        if isinstance(prompt, list) and prompt and all(isinstance(x, int) for x in prompt):
+        if isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool) for x in prompt):
             vocab = len(self.tokenizer)
             if any(x < 0 or x >= vocab for x in prompt):
                 raise APIError(400, f"prompt token ids must be in [0, {vocab})", param="prompt")
@@ -137,7 +158,7 @@ class _Api:
             if len(prompt) != 1:
                 raise APIError(400, f"one prompt per request (batch 1); got {len(prompt)}", param="prompt")
             prompt = prompt[0]
-        ids = self.tokenizer(prompt)["input_ids"]  # as `seqmoe generate` encodes --prompt
+        ids = self.tokenizer(_utf8(prompt, "prompt"))["input_ids"]  # as `seqmoe generate` encodes --prompt
         if not ids:
             raise APIError(400, "the prompt has no tokens", param="prompt")
         return ids
@@ -150,7 +171,8 @@ class _Api:
                 if any(p.get("type") != "text" for p in content):
                     raise APIError(400, "only text content parts are supported", param="messages")
                 content = "".join(str(p.get("text", "")) for p in content)
-            messages.append({**m.model_dump(exclude_none=True), "role": m.role, "content": content or ""})
+            messages.append({**m.model_dump(exclude_none=True), "role": m.role,
+                             "content": _utf8(content or "", "messages")})
         try:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # noqa: BLE001 - a template's raise_exception() or a Jinja error
@@ -203,14 +225,15 @@ class _Api:
             except RuntimeError:  # the event loop has closed (server shutting down)
                 pass
 
-        job = Job(prompt_ids=ids, params=params, emit=emit)
+        timed = self._timed(emit)
+        job = Job(prompt_ids=ids, params=params, emit=timed)
         try:
             self.batcher.submit(job)
         except QueueFull as e:
             raise APIError(429, f"the server is busy: {e}; retry later", type="rate_limit_error",
                            code="queue_full") from None
         self.open_requests += 1
-        state = {"ended": False, "closed": False}
+        state = {"ended": False, "closed": False, "read": time.monotonic()}
 
         def close() -> None:  # once per request, however it ends: cancel the job unless it ended
             if not state["closed"]:
@@ -220,6 +243,8 @@ class _Api:
                     self.batcher.cancel(job)
 
         reply = _Reply(self.name, chat)
+        watchdog = asyncio.create_task(self._watchdog(job, events, state, stream=body.stream))
+        state["watchdog"] = watchdog
         if body.stream:
             usage = bool(body.stream_options and body.stream_options.include_usage)
             # `background` also runs when the client left before the stream started (the generator
@@ -240,9 +265,12 @@ class _Api:
                     return reply.full("".join(parts), event[1], event[2])
                 if event[0] == "gone":
                     raise APIError(400, "the client disconnected", code="client_disconnected")
+                if event[0] == "timeout":
+                    raise APIError(504, event[1], type="server_error", code="request_timeout")
                 raise APIError(500, event[1], type="server_error")
         finally:
             watch.cancel()
+            watchdog.cancel()
             close()
 
     @staticmethod
@@ -258,10 +286,11 @@ class _Api:
                 yield _sse(reply.chunk({"role": "assistant", "content": ""}))
             while True:
                 event = await events.get()
+                state["read"] = time.monotonic()
                 if event[0] == "text":
                     yield _sse(reply.chunk(event[1]))
                     continue
-                state["ended"] = True
+                state["ended"] = event[0] != "timeout"
                 if event[0] == "done":
                     yield _sse(reply.chunk(None, finish=event[1]))
                     if usage:
@@ -271,13 +300,58 @@ class _Api:
                 yield "data: [DONE]\n\n"
                 return
         finally:  # the reply ended, or the client went away (Starlette cancels this generator)
+            state["watchdog"].cancel()
             close()
+
+    def _timed(self, emit):
+        """`emit` that also times the first token and the gaps between tokens (on the batcher thread)."""
+        last = [time.monotonic()]
+
+        def timed(*event) -> None:
+            if event[0] == "text":
+                now = time.monotonic()
+                (self.metrics.token_gap if len(last) > 1 else self.metrics.first_token)(now - last[-1])
+                last[:] = [last[0], now]
+            emit(*event)
+
+        return timed
+
+    async def _watchdog(self, job: Job, events: asyncio.Queue, state: dict, *, stream: bool) -> None:
+        """Cancel `job` once it runs past the deadline, or (streamed) once its client has left tokens
+        unread for the stall limit: its row is free at the batcher's next step."""
+        lim, start = self.limits, time.monotonic()
+        tick = min(1.0, lim.stall_s / 4, (lim.request_timeout_s or 1.0) / 4)
+        while not state["closed"]:
+            await asyncio.sleep(tick)
+            now = time.monotonic()
+            if lim.request_timeout_s is not None and now - start > lim.request_timeout_s:
+                self.batcher.cancel(job)
+                events.put_nowait(("timeout", f"the request ran past the server's limit of {lim.request_timeout_s:g} s "
+                                   "(--request-timeout)"))
+                return
+            if stream and not events.empty() and now - state["read"] > lim.stall_s:
+                self.batcher.cancel(job)  # the client reads nothing: its row goes to the next request
+                return
+
+    async def scrape(self) -> bytes:
+        runtime = self.batcher.runtime
+        rt = await asyncio.wrap_future(self.batcher.call(runtime.stats)) if runtime is not None else None
+        return self.metrics.render(self.batcher.counts(), rt)
 
     async def stats(self) -> dict:
         runtime = self.batcher.runtime
         rt = await asyncio.wrap_future(self.batcher.call(runtime.stats)) if runtime is not None else None
         server = {**self.batcher.counts(), "open_requests": self.open_requests}
         return {"model": self.name, "server": server, "runtime": rt, "rss_bytes": rss_bytes()}
+
+
+def _utf8(text: str, param: str) -> str:
+    """`text` when it is valid Unicode text (JSON lets a lone surrogate through, which no tokenizer reads)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(400, f"{param} is not valid text: {e.reason} at position {e.start}", param=param) from None
+    return text
 
 
 def _sse(obj: dict) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt
 
 
 class APIError(Exception):
@@ -31,7 +31,7 @@ def error_body(message: str, *, type: str = "invalid_request_error", param: str 
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Sampling(BaseModel):
@@ -43,15 +43,15 @@ class _Sampling(BaseModel):
     top_p: float | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
     logprobs: Any = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int]
-    echo: bool = False
+    prompt: str | list[str] | list[StrictInt]
+    echo: StrictBool = False
     best_of: int | None = None
 
 

@@ -99,11 +99,11 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
     costs = prefill_costs(model, w.hardware) if lengths else None
     pools = {int(s): None for n in lengths for s in prompt_starts(test.request_offsets, test.num_tokens, n)}
     L, E, K = test.num_layers, test.num_experts, test.top_k
-    if cfg.memory is None:
+    if cfg.expert_memory is None:
         capacity, residency = capacity_for(cfg.residency, L, E, K), cfg.residency
     else:
-        budget = parse_bytes(cfg.memory, "--memory")
-        capacity = capacity_for_bytes(budget, model.expert_bytes, L, E, K, f"--memory {format_bytes(budget)}")
+        budget = parse_bytes(cfg.expert_memory, "--expert-memory")
+        capacity = capacity_for_bytes(budget, model.expert_bytes, L, E, K, f"--expert-memory {format_bytes(budget)}")
         residency = capacity / (L * E)
     start = [] if cfg.online else start_placement(w.train, capacity)
     n_opt, twin = None, check_twin(cfg.twin, cfg.twin_budget)
@@ -203,9 +203,9 @@ def _plan(w: Workload, batch: int, admission: str):
 def sweep_runs(cfg: SimConfig, systems, residencies, expert_dtypes=(None,), *, traces=None,
                hardware=None) -> list[SimConfig]:
     """Every run of a sweep, in its order: `traces` (default: `cfg.trace`) outermost, then `hardware`
-    profiles (default: `cfg.hardware`), residencies (with `cfg.memory` left out: the budget sets the
+    profiles (default: `cfg.hardware`), residencies (with `cfg.expert_memory` left out: the budget sets the
     slots), expert precisions, and systems innermost. Each is checked as it is built."""
-    residencies = [cfg.residency] if cfg.memory is not None else residencies
+    residencies = [None] if cfg.expert_memory is not None else residencies
     return [dataclasses.replace(cfg, trace=t, hardware=h, system=name, residency=r, expert_dtype=p)
             for t in traces or [cfg.trace] for h in hardware or [cfg.hardware]
             for r in residencies for p in expert_dtypes for name in systems]

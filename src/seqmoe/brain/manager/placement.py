@@ -1,7 +1,7 @@
 """Capacity, the start placement every system shares, and the checks of residency and capacity.
 
     C = capacity_for(residency, L, E, K)      # floor(r * L * E) slots; UserError unless C >= K
-    C = capacity_for_bytes(budget, expert_bytes, L, E, K, "--memory 2GiB")   # the experts a byte budget holds
+    C = capacity_for_bytes(budget, expert_bytes, L, E, K, "--expert-memory 2GiB")   # the experts a byte budget holds
     start = start_placement(train, C)         # the C experts used most often in the training split
 """
 
