@@ -147,3 +147,30 @@ def test_every_command_prints_its_help():
 
     seen = [p.prog for p in parsers(build_parser()) if p.format_help()]
     assert "seqmoe generate" in seen and "seqmoe trace split" in seen and len(seen) > 15
+
+
+def test_sweep_output_paths_that_cannot_be_written_fail_before_any_run(files, capsys, tmp_path):
+    (tmp_path / "afile").write_text("x")
+    for extra, message in ((["--out", str(tmp_path)], "is a folder"),
+                           (["--out", str(tmp_path / "r.jsonl"), "--plot", str(tmp_path / "afile" / "plots")],
+                            "is a file, not a folder")):
+        assert main(["sweep", *sim_args(files)[1:], "--systems", "on-demand-lru", "--residencies", "0.5",
+                     *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "on-demand-lru" not in err  # no run was made
+    assert not (tmp_path / "r.jsonl").exists()
+
+
+def test_non_utf8_input_is_a_one_line_error(tmp_path, capsys):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'\xff\xfe{"a": 1}\n')
+    assert main(["plot", str(bad), "--out", str(tmp_path / "plots")]) == 2
+    assert main(["trace", "import", str(bad), "--out", str(tmp_path / "t.safetensors")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("not UTF-8 text" in line for line in err)
+
+
+def test_trace_split_refuses_to_overwrite_its_input(files, capsys):
+    src = str(files / "train.safetensors")
+    assert main(["trace", "split", src, "--train", src, "--test", str(files / "t.safetensors"), "--num-test", "1"]) == 2
+    assert "is the trace being split" in capsys.readouterr().err

@@ -7,6 +7,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from seqmoe.base.errors import UserError
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
@@ -30,3 +32,16 @@ def atomic_path(path: str | os.PathLike):
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def check_output(path: str | os.PathLike, flag: str, *, folder: bool = False) -> None:
+    """UserError now, before any work, when `path` cannot be written as a file (`folder`: a folder) later:
+    it is a folder (a file), or a file stands where one of its parent folders would be."""
+    path = Path(path)
+    if folder and path.is_file():
+        raise UserError(f"{flag} {path} is a file; give a folder to write into")
+    if not folder and path.is_dir():
+        raise UserError(f"{flag} {path} is a folder; give a file name, e.g. {path / 'rows.jsonl'}")
+    for parent in path.parents:
+        if parent.is_file():
+            raise UserError(f"{flag} {path}: {parent} is a file, not a folder")

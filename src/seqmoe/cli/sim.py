@@ -15,6 +15,7 @@ import shlex
 import sys
 
 from seqmoe.base.errors import UserError
+from seqmoe.base.files import check_output
 from seqmoe.brain.manager.systems import ROLES, SYSTEMS, baselines, systems_with
 from seqmoe.cli.args import add_config_flags, config_from_args, floats, progress, prompt_lengths
 from seqmoe.cli.demo import run_demo
@@ -61,6 +62,9 @@ def cmd_sweep(args) -> int:
     systems, residencies = _names(args.systems), floats(args.residencies, "--residencies")
     if cfg.expert_memory is not None and args.residencies != _RESIDENCIES:
         raise UserError("give --residencies or --expert-memory, not both")
+    check_output(args.out, "--out")  # before the runs: a sweep's rows must have somewhere to go
+    if args.plot:
+        check_output(args.plot, "--plot", folder=True)
     dtypes = [None if p.strip() in ("", "none") else p.strip() for p in args.expert_dtypes.split(",")]
     runs = sweep_runs(cfg, systems, residencies, dtypes, traces=traces, hardware=hardware)
     arrived = []
@@ -125,6 +129,7 @@ def _disk_line(row: dict) -> str:
 
 
 def cmd_plot(args) -> int:
+    check_output(args.out, "--out", folder=True)
     for path in plot_results(read_jsonl(args.results), args.out, caption=args.caption or ""):
         print(path)
     return 0

@@ -171,6 +171,9 @@ def run_split(args: argparse.Namespace) -> int:
     """`seqmoe trace split PATH --train OUT --test OUT (--test-fraction F | --num-test N)`."""
     if Path(args.train).resolve() == Path(args.test).resolve():
         raise UserError(f"--train and --test name the same file ({args.train}); give two different paths")
+    for flag, out in (("--train", args.train), ("--test", args.test)):
+        if Path(out).resolve() == Path(args.path).resolve():
+            raise UserError(f"{flag} {out} is the trace being split; write the parts to other files")
     trace = load_trace(args.path)
     train, test = split_trace(trace, test_fraction=args.test_fraction, num_test=args.num_test, seed=args.seed)
     # Both files appear together or neither does.

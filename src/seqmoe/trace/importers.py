@@ -180,8 +180,13 @@ def import_mixtral_jsonl(
 
 def _records(path: Path):
     """Yield ("file:line", record) for every non-blank line."""
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise TraceError(f"{path}:{lineno}: not UTF-8 text (byte {e.start} of the line); expected Mixtral "
+                                 "routing JSONL") from None
             if not line.strip():
                 continue
             where = f"{path}:{lineno}"

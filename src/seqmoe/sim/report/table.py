@@ -56,8 +56,12 @@ def read_jsonl(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"results file {str(path)!r} not found; make one with `seqmoe sweep --out FILE`")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); expected the JSONL of seqmoe sweep --out") from None
     rows = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 rows.append(json.loads(line))
