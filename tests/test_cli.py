@@ -174,3 +174,12 @@ def test_trace_split_refuses_to_overwrite_its_input(files, capsys):
     src = str(files / "train.safetensors")
     assert main(["trace", "split", src, "--train", src, "--test", str(files / "t.safetensors"), "--num-test", "1"]) == 2
     assert "is the trace being split" in capsys.readouterr().err
+
+
+def test_online_without_train_replays_the_whole_trace(files, capsys):
+    argv = ["sim", "--trace", str(files / "test.safetensors"), "--model-profile", "deepseek-v2-lite", "--hardware",
+            "h100-pcie5", "--system", "on-demand-lru", "--residency", "0.45", "--json"]
+    assert main(argv + ["--online"]) == 0
+    row = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["num_tokens"] == 30 and row["train_tokens"] == 0  # all of it: --online trains on nothing
+    assert main(argv + ["--online", "--reset", "frequency"]) == 2

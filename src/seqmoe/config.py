@@ -160,7 +160,8 @@ class SimConfig(ManagerConfig):
     trace: str
     """Trace to replay: a saved .safetensors trace, a MoE-Beyond CSV folder or a Mixtral JSONL file/folder."""
     test_fraction: float = 0.2
-    """Without --train: the share of --trace's requests replayed (the rest trains)."""
+    """Without --train: the share of --trace's requests replayed (the rest trains; with --online, which trains
+    on nothing, the whole trace is replayed)."""
     max_tokens: int | None = None
     """Replay only the first N tokens of the replayed trace (quick looks; default: all)."""
     model_profile: str = "deepseek-v2-lite"
@@ -214,6 +215,9 @@ class SimConfig(ManagerConfig):
         if self.window_tokens is not None and self.window_tokens < 1:
             raise UserError(f"--window-tokens must be at least 1, got {self.window_tokens}")
         self._check_protocol()
+        if self.online and self.train is None and self.reset == "frequency":
+            raise UserError("--reset frequency starts each request from the training split's most used experts, and "
+                            "--online without --train has none: give --train, or another --reset")
         if self.online and self.predictor is not None:
             raise UserError("--online learns the forecaster from the replayed routing: drop --predictor")
         if self.online:

@@ -64,8 +64,12 @@ def load_workload(cfg: SimConfig, *, train: RoutingTrace | None = None, test: Ro
     model, hardware = get_model_profile(cfg.model_profile), get_hardware_profile(cfg.hardware)
     if test is None:
         test = load_trace(cfg.trace)
-        if train is None and cfg.train is None:
+        if train is None and cfg.train is None and not cfg.online:
             train, test = split_trace(test, test_fraction=cfg.test_fraction, seed=cfg.seed)
+    if train is None and cfg.train is None:
+        # --online trains on nothing, so the whole trace is replayed; the systems it admits read only the
+        # shape of `train` (learning ones and a frequency reset are refused), so the test stands in for it
+        train = test
     if train is None:
         train = load_trace(cfg.train)
     if cfg.max_tokens is not None:
@@ -169,7 +173,7 @@ def run_one(w: Workload, cfg: SimConfig, *, progress: bool = False, prompt_lengt
     if lengths:
         row["prefill"] = prefill_fields(test.expert_ids, test.request_offsets, pools, lengths, costs, system.miss)
     row.update({
-        "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": w.train.num_tokens,
+        "num_tokens": test.num_tokens, "num_requests": test.num_requests, "train_tokens": 0 if cfg.online and cfg.train is None else w.train.num_tokens,
         "model_profile": model.to_dict(), "hardware_profile": hardware.to_dict(),
         "sim_wall_s": wall, "activations_per_s": row["activations"] / wall,
         "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "host": host_info(),
