@@ -210,3 +210,21 @@ def test_convert_into_matches_torch(src, dst):
     out = torch.zeros(1004, dtype=dst)
     convert_into(memoryview(buf), src, out[3:])
     assert torch.equal(out[3:], x.to(dst)) and not out[:3].any()
+
+
+def test_file_rewritten_in_place_with_its_old_mtime_is_caught_by_its_bytes(saved, tmp_path):
+    folder = _copy(saved, "qwen3_moe", tmp_path)
+    path = folder / "model.safetensors"
+    with _files(folder) as files:
+        first = torch.zeros(files.layout.numel)
+        files.read_into(1, 3, first)  # its fingerprint
+        st = os.stat(path)
+        data = bytearray(path.read_bytes())
+        start = 8 + int.from_bytes(data[:8], "little")  # the tensors, after the header
+        data[start:] = bytes(x ^ 0x5A for x in data[start:])  # other numbers, the same size
+        with open(path, "r+b") as f:
+            f.write(data)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # size, inode and mtime as at open
+        files.index.check()  # what the file's metadata tells: nothing changed
+        with pytest.raises(CheckpointChanged, match="rewritten in place"):
+            files.read_into(1, 3, torch.zeros(files.layout.numel))

@@ -17,6 +17,7 @@ are planned once at open, ranges adjacent in a file merged into one read. A chec
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +87,7 @@ class ExpertFiles:
         self.experts_paths, self.expert_keys = experts_paths, expert_keys
         self._plans = plans
         self._files = [reader.open(p) for p in index.paths]
+        self._digests: dict[tuple[int, int], int] = {}  # (layer, expert) -> crc32 of its row at its first read
 
     @classmethod
     def open(cls, folder, experts_paths, layout: ExpertLayout, num_experts: int, *,
@@ -148,6 +150,11 @@ class ExpertFiles:
                 raise CheckpointChanged(f"checkpoint file {self.index.paths[r.file]} is missing while reading "
                                         f"{what}; reload the model") from None
             self.index.check_file(r.file, what)  # changed during the read: the bytes may mix old and new
+        # A file rewritten in place with its size, inode and mtime put back passes check_file; its bytes do not.
+        digest = zlib.crc32(row)
+        if self._digests.setdefault((layer, e), digest) != digest:
+            raise CheckpointChanged(f"the bytes of {what} differ from those read at its first read: a checkpoint file "
+                                    "was rewritten in place since the model was loaded; reload the model")
 
     def _read(self, r: _Read, out: torch.Tensor, row) -> None:
         f, isz = self._files[r.file], out.element_size()
