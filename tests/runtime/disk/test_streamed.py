@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -122,9 +123,11 @@ def test_a_checkpoint_changed_while_running_fails_loudly(tmp_path, damage):
             path.write_bytes(data)  # the same bytes in a new file: changed since loading all the same
         else:
             os.remove(path)
+        t0 = time.monotonic()
         with pytest.raises(UserError, match=r"model\.safetensors.*expert|expert.*model\.safetensors"):
             for _ in range(4):  # the next read from disk fails; rows still cached may serve a few steps
                 _greedy(model)
+        assert time.monotonic() - t0 < 30  # not a reader waiting out its copy's 60 s after the worker died
     finally:
         rt.close()
 
@@ -239,3 +242,24 @@ def test_a_captured_batch_of_int4_experts_streamed_from_disk_on_cuda(checkpoints
     finally:
         rt.close()
     assert torch.equal(got, want)
+
+
+def test_a_script_streaming_from_disk_exits_when_it_ends(tmp_path):
+    """The finalizer closes the copy worker while its thread may wait for a free host row: it must leave
+    that wait (it hung at interpreter exit)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    for family in ("mixtral", "qwen3_moe", "deepseek_v3"):
+        save_tiny_checkpoint(family, tmp_path / family, tokenizer=False)
+    script = textwrap.dedent(f"""
+        import torch, seqmoe
+        for family in ("mixtral", "qwen3_moe", "deepseek_v3"):
+            model, rt = seqmoe.load({str(tmp_path)!r} + "/" + family, residency=0.1, host_memory="100KiB")
+            with torch.no_grad():
+                model.generate(torch.tensor([[1, 17, 42, 5]]), max_new_tokens=8, do_sample=False)
+        print("done")
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "done" in out.stdout, out.stderr[-2000:]

@@ -41,6 +41,10 @@ _EPS = 1e-6
 _LEAD = 1e15  # above any next-use score (LRU's are minus a count of needs)
 
 
+class Stopped(Exception):
+    """A wait for a free host row given up: its waiter stops (the runtime's `HostCache.hold(..., stop=)`)."""
+
+
 class NoFreeRow(RuntimeError):
     """Every row of the host cache is busy (being read or used): nothing can be evicted now."""
 

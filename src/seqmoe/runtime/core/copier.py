@@ -91,6 +91,7 @@ class CopyWorker:
                     self._stop = True
                     self._busy = False
                     self._cv.notify_all()
+                self.pool.fail(e)  # a reader waiting for one of its copies hears of it now
                 return
 
     def _copied(self, uid: int) -> None:
@@ -147,4 +148,6 @@ class CopyWorker:
             self._stop = True
             self._queue.clear()
             self._cv.notify_all()
+        if self.pool.cache is not None:
+            self.pool.cache.wake()  # a copy waiting for a free host row sees the stop
         self._thread.join()

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from seqmoe.base.errors import UserError
+from seqmoe.brain.manager.host_tier import Stopped
 from seqmoe.runtime.core.mapped import dequantizes, device_view, gather_dequantized, gather_rows
 
 if TYPE_CHECKING:  # a posted part: core names its type only
@@ -106,6 +107,7 @@ class ExpertPool:
         self._reuse: list[tuple[int, int] | None] = [None] * capacity  # what a refill waits for (thread mode)
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # a slot published or released (emulated link)
+        self.failure: BaseException | None = None  # the copy worker's error: no queued copy will land
         self.slot_of: dict[int, int] = {}  # uid -> slot (assigned; maybe not yet copied)
         self.owner = [-1] * capacity
         self.gen = [0] * capacity
@@ -206,8 +208,11 @@ class ExpertPool:
         if self.cache is None:
             self._copy_in(self.hosts[layer][e], slot)
         else:
-            with self.cache.hold(uid) as src:  # the row stays put until its copy is done
-                self._copy_in(src, slot)
+            try:
+                with self.cache.hold(uid, stop) as src:  # the row stays put until its copy is done
+                    self._copy_in(src, slot)
+            except Stopped:  # the worker closes while every row is held by what will never release it
+                return False
         with self._lock:
             if self.gen[slot] != gen or self.owner[slot] != uid:
                 return False
@@ -276,9 +281,19 @@ class ExpertPool:
         if slot is None:
             return -1
         with self._changed:
-            self._changed.wait_for(lambda: self.loaded[slot] or self.owner[slot] != uid,
+            self._changed.wait_for(lambda: self.loaded[slot] or self.owner[slot] != uid or self.failure is not None,
                                    timeout=max(1.0, 1000 * (self.link_s or 0.0), 60.0 * (self.cache is not None)))
+            if self.failure is not None and not (self.loaded[slot] and self.owner[slot] == uid):
+                if isinstance(self.failure, UserError):  # e.g. a checkpoint file changed on disk: said as it is
+                    raise self.failure
+                raise RuntimeError(f"the expert copy worker failed: {self.failure!r}") from self.failure
             return slot if self.loaded[slot] and self.owner[slot] == uid else -1
+
+    def fail(self, error: BaseException) -> None:
+        """The copy worker died of `error`: wake whoever waits for a copy, which will not land."""
+        with self._changed:
+            self.failure = error
+            self._changed.notify_all()
 
     def gather_posted(self, layer: int, ids: torch.Tensor, skip: torch.Tensor | None = None,
                       host_ids: torch.Tensor | None = None) -> torch.Tensor:

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-from seqmoe.brain.manager.host_tier import NoFreeRow
+from seqmoe.brain.manager.host_tier import NoFreeRow, Stopped
 from seqmoe.base.errors import UserError
 
 READERS = 4
@@ -76,10 +76,11 @@ class HostCache:
                 busy |= queued
         return busy
 
-    def _place(self, uid: int, count: bool, wait: bool = True) -> int:
+    def _place(self, uid: int, count: bool, wait: bool = True, stop=None) -> int:
         """`uid`'s row, read started if it was not there (lock held). `count`: a need the tier has
         not heard of (a consumer finding its row evicted, or a prefetch), told to it now. When every
-        row is busy: wait for one (`wait`), else -1 (a prefetch is only advice)."""
+        row is busy: wait for one (`wait`), else -1 (a prefetch is only advice); `Stopped` once
+        `stop()` is true (a copy worker closing: no row may ever free again)."""
         if self.closed:
             raise UserError("this model's runtime was closed, and its experts stream from disk no more: load it again")
         while self.tier.row_of[uid] < 0 or count:
@@ -89,7 +90,9 @@ class HostCache:
             except NoFreeRow:
                 if not wait:
                     return -1
-                self._lock.wait()  # a read ends or a hold is released
+                if stop is not None and stop():
+                    raise Stopped(f"no host row for expert {uid}: the waiter stopped")
+                self._lock.wait()  # a read ends, a hold is released, or `wake` (a waiter stops)
         row = int(self.tier.row_of[uid])
         if self.content[row] != uid:
             self.content[row] = uid
@@ -129,18 +132,19 @@ class HostCache:
             raise
 
     @contextmanager
-    def hold(self, uid: int):
-        """`uid`'s [P] row in host memory, not changed until the block ends (read first if absent)."""
-        row = self.pin(uid)
+    def hold(self, uid: int, stop=None):
+        """`uid`'s [P] row in host memory, not changed until the block ends (read first if absent;
+        `Stopped` if it must wait for a row and `stop()` turns true, see `wake`)."""
+        row = self.pin(uid, stop)
         try:
             yield self.buf[row]
         finally:
             self.unpin(row)
 
-    def pin(self, uid: int) -> int:
+    def pin(self, uid: int, stop=None) -> int:
         """`hold` without a block: `uid`'s row number (read first if absent), not changed until `unpin(row)`."""
         with self._lock:
-            row = self._place(uid, count=False)
+            row = self._place(uid, count=False, stop=stop)
             self.refs[row] += 1
             fut = self._reading.get(row)
         if fut is not None:
@@ -150,6 +154,11 @@ class HostCache:
                 self.unpin(row)
                 raise
         return row
+
+    def wake(self) -> None:
+        """Wake every wait for a free row, so a waiter whose `stop()` is now true leaves it."""
+        with self._lock:
+            self._lock.notify_all()
 
     def unpin(self, row: int) -> None:
         with self._lock:
