@@ -192,3 +192,27 @@ def test_calibrate_learns_from_text_and_offload_starts_from_it(tmp_path, monkeyp
     assert s["source"] == "cache" and s["tokens_learned"] >= 400
     (tmp_path / "empty").mkdir()
     assert main(["calibrate", "--text", str(tmp_path / "empty")]) == 2
+
+
+@pytest.mark.parametrize("damage", ["nan", "inf", "huge", "random_bytes", "string_rate", "nested_rate", "nan_rate",
+                                    "negative_rate", "negative_tokens", "bool_tokens"])
+def test_a_cache_with_bad_numbers_is_ignored_not_used(tmp_path, damage):
+    """Each of these crashed (or was reported as is) in a later run of the seqmoe system."""
+    cfg = online_config(**SHAPE)
+    weights = OnlineTrainer(cfg).net.export()
+    info = {"tokens_learned": 5, "use_rate": [0.1] * 64}
+    name = next(iter(weights))
+    if damage in ("nan", "inf", "huge"):
+        weights = {**weights, name: np.full_like(weights[name], {"nan": np.nan, "inf": np.inf, "huge": 3e38}[damage])}
+    info.update({"string_rate": {"use_rate": "0.1"}, "nested_rate": {"use_rate": [[0.1]] * 64},
+                 "nan_rate": {"use_rate": [float("nan")] * 64}, "negative_rate": {"use_rate": [-0.1] * 64},
+                 "negative_tokens": {"tokens_learned": -5}, "bool_tokens": {"tokens_learned": True}}.get(damage, {}))
+    save_checkpoint(tmp_path / "fc", cfg, weights, {"online": info})
+    if damage == "random_bytes":  # a valid header, then noise where the numbers were
+        path = tmp_path / "fc" / "model.safetensors"
+        data = bytearray(path.read_bytes())
+        start = 8 + int.from_bytes(data[:8], "little")
+        data[start:] = np.random.default_rng(0).integers(0, 256, len(data) - start, dtype=np.uint8).tobytes()
+        path.write_bytes(bytes(data))
+    with pytest.warns(UserWarning, match="ignoring the cached forecaster"):
+        assert load_online(tmp_path / "fc", cfg) is None

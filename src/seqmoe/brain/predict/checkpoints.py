@@ -97,6 +97,10 @@ def online_dir(model_key: str) -> Path:
     return cache_dir() / "online" / model_key
 
 
+MAX_WEIGHT = 1e4
+"""Largest |weight| a cached online forecaster may hold: a trained one stays far below (a corrupt file does not)."""
+
+
 def load_online(folder: Path, config: SeqConfig) -> tuple[dict, dict] | None:
     """(weights, its `online` info: `tokens_learned`, `use_rate`) of the forecaster kept in `folder`, or
     None when there is none; one that is corrupt or of another shape is warned about and ignored (the
@@ -109,10 +113,20 @@ def load_online(folder: Path, config: SeqConfig) -> tuple[dict, dict] | None:
         if pred.config != config:
             raise PredictorError(f"it is of another shape ({pred.config.to_dict()}, this model's: {config.to_dict()})")
         LE = config.num_layers * config.num_experts
-        if not isinstance(info, dict) or len(info.get("use_rate", ())) != LE or \
-                not isinstance(info.get("tokens_learned"), int):
-            raise PredictorError("its online record (tokens learned, use rates) is missing or malformed")
-    except PredictorError as e:
+        learned = info.get("tokens_learned") if isinstance(info, dict) else None
+        if not isinstance(learned, int) or isinstance(learned, bool) or learned < 0:
+            raise PredictorError(f"its tokens learned ({learned!r}) is not a count")
+        try:
+            rate = np.asarray(info.get("use_rate"), dtype=np.float64)
+        except (TypeError, ValueError):
+            rate = None
+        if rate is None or rate.shape != (LE,) or not (np.isfinite(rate).all() and (rate >= 0).all() and (rate <= 1).all()):
+            raise PredictorError(f"its use rates are not {LE} shares in [0, 1]")
+        for name, w in pred.w.items():  # random bytes or a bad update: the forecast would be NaN, or divide by 0
+            if not np.isfinite(w).all() or np.abs(w).max(initial=0.0) > MAX_WEIGHT:
+                raise PredictorError(f"its weight {name} holds non-finite or absurd values (beyond {MAX_WEIGHT:g})")
+        info = {**info, "use_rate": rate.tolist()}
+    except (PredictorError, ValueError, TypeError, KeyError, AttributeError) as e:  # whatever a damaged file gives
         warnings.warn(f"seqmoe: ignoring the cached forecaster at {folder}: {e}; a new one is learned", stacklevel=2)
         return None
     return pred.w, info
