@@ -121,7 +121,9 @@ def test_systems_lists_every_baseline(capsys):
 def test_demo_runs_on_embedded_data(tmp_path, capsys, monkeypatch):
     pytest.importorskip("torch")
     monkeypatch.setenv("SEQMOE_CACHE", str(tmp_path / "cache"))  # trains its forecaster afresh, briefly
-    assert main(["demo", "--tokens", "60", "--forecaster-minutes", "0.05", "--out", str(tmp_path)]) == 0
+    assert main(["demo", "--tokens", "60", "--forecaster-minutes", "0.05", "--out", str(tmp_path / "a")]) == 0
+    assert not capsys.readouterr().out.strip().splitlines()[-1].startswith("{")  # a person's table, no JSON
+    assert main(["demo", "--tokens", "60", "--forecaster-minutes", "0.05", "--out", str(tmp_path), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert {r["system"] for r in summary["rows"]} >= {"on-demand-lru", "oracle-prefetch", "seqmoe"}
     assert (tmp_path / "results.jsonl").exists() and (tmp_path / "hit_rate.png").exists()

@@ -43,8 +43,8 @@ def demo_predictor(train: RoutingTrace, *, minutes: float = 2.5, progress: bool 
 
 
 def run_demo(*, num_tokens: int = 3000, out_dir: str | Path = "results/demo", forecaster_minutes: float = 2.5,
-             progress: bool = False) -> list[dict]:
-    """Train (once) and replay every system; print a table and a JSON line, write JSONL and plots."""
+             progress: bool = False, json_line: bool = False) -> list[dict]:
+    """Train (once) and replay every system; print a table (and with `json_line` a JSON line), write JSONL and plots."""
     if num_tokens < 50:
         raise UserError(f"--tokens must be at least 50, got {num_tokens}")
     if not forecaster_minutes > 0:
@@ -69,5 +69,6 @@ def run_demo(*, num_tokens: int = 3000, out_dir: str | Path = "results/demo", fo
     print(format_table(rows))
     print(f"wrote {out / 'results.jsonl'} and {', '.join(str(p) for p in plots)}")
     keep = ("system", "residency", "hit_rate", "ready_rate", "late_rate", "miss_rate", "full_load_fraction", "bound_fraction")
-    print(json.dumps({"results": str(out / "results.jsonl"), "rows": [{k: r[k] for k in keep} for r in rows]}))
+    if json_line:
+        print(json.dumps({"results": str(out / "results.jsonl"), "rows": [{k: r[k] for k in keep} for r in rows]}))
     return rows

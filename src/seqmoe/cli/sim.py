@@ -156,7 +156,7 @@ def cmd_profiles(args) -> int:
 
 def cmd_demo(args) -> int:
     run_demo(num_tokens=args.tokens, out_dir=args.out, forecaster_minutes=args.forecaster_minutes,
-             progress=progress(args))
+             progress=progress(args), json_line=args.json)
     return 0
 
 
@@ -170,6 +170,7 @@ def add_sim_commands(sub: argparse._SubParsersAction) -> None:
     demo.add_argument("--forecaster-minutes", type=float, default=2.5,
                       help="time cap for training the forecaster the first time (default: 2.5)")
     demo.add_argument("--out", default="results/demo", help="folder for results.jsonl and plots (default: results/demo)")
+    demo.add_argument("--json", action="store_true", help="also print the summary rows as one JSON line, last")
     demo.set_defaults(func=cmd_demo)
 
     sim = sub.add_parser("sim", help="replay a trace with one system at one residency",

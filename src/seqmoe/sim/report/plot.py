@@ -13,6 +13,12 @@ from seqmoe.base.errors import UserError
 from seqmoe.base.files import atomic_path
 from seqmoe.brain.manager.systems import SYSTEMS
 
+SEQMOE_COLOR = "#d62728"
+"""The `seqmoe` system's line: a strong red, thick, that no other line takes."""
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#393b79",
+           "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354")
+"""The other non-oracle lines' colours: no grey (the oracles' dashed references) and no red (seqmoe's)."""
+
 METRICS = {
     "hit_rate": "hit rate",
     "full_load_fraction": "full-load fraction (full-load time / time)",
@@ -55,13 +61,17 @@ def plot_results(rows: list[dict], out_dir: str | Path, caption: str = "") -> li
             for n, s in series.items()}
     for key, label in METRICS.items():
         fig, ax = plt.subplots(figsize=(6.4, 4.4))
-        colors = iter(plt.get_cmap("tab20").colors[::2] + plt.get_cmap("tab20").colors[1::2])
+        colors = iter(PALETTE * 3)
         greys = iter(["0.35", "0.6", "0.75", "0.5", "0.45"] * 4)  # oracles: grey dashed references
         for name, pts in series.items():
             pts = [p for p in pts if p.get(key) is not None]  # older rows lack a metric; None: undefined
             pts = sorted(pts, key=lambda r: r["residency"])
-            style = dict(ls="--", marker="x", color=next(greys)) if role[name] == "oracle" \
-                else dict(marker="o", color=next(colors), lw=2.5 if role[name] == "seqmoe" else 1.5)
+            if role[name] == "oracle":
+                style = dict(ls="--", marker="x", color=next(greys))
+            elif pts and pts[0]["system"] == "seqmoe":  # the system itself: one colour no other line takes
+                style = dict(marker="o", color=SEQMOE_COLOR, lw=3.0, zorder=5)
+            else:
+                style = dict(marker="o", color=next(colors), lw=2.0 if role[name] == "seqmoe" else 1.5)
             ax.plot([p["residency"] for p in pts], [p[key] for p in pts], label=name, **style)
         ax.set_xlabel("residency (fraction of experts on the device)")
         ax.set_ylabel(label)
