@@ -84,3 +84,19 @@ def test_learning_paused_starts_no_learner(tmp_path, monkeypatch):
     s = rt.stats()["forecaster"]
     rt.restore()
     assert s["swaps"] == 0 and s["tokens_learned"] == 0 and not (tmp_path / "online").exists()
+
+
+def test_a_short_run_keeps_what_it_saw_and_says_so(tmp_path, monkeypatch):
+    """32 tokens are fewer than the first round needs (128): closing learns one last round and keeps it."""
+    monkeypatch.setenv("SEQMOE_CACHE", str(tmp_path))
+    model = _tiny()
+    rt = offload(model, 0.3)
+    _generate(model, 32)
+    seen = rt.stats()["forecaster"]["tokens_seen"]
+    rt.restore()
+    fc = rt.controller.system.predictor
+    assert fc.kept == seen >= 32
+    from seqmoe.brain.predict.checkpoints import load_online
+
+    (folder,) = [p.parent for p in (tmp_path / "online").glob("*/model.safetensors")]
+    assert load_online(folder, fc.config)[1]["tokens_learned"] == fc.kept

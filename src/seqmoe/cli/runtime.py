@@ -212,8 +212,12 @@ def run_generate(args) -> int:
           + (f", {1e6 * host:.1f} us per expert on the host CPU" if host is not None else ""))
     fc = stats["forecaster"]
     if fc is not None and fc["source"] != "given":
+        kept = getattr(runtime.controller.system.predictor, "kept", None)  # known once the runtime closed
+        stats["forecaster"] = {**fc, "kept": kept}
         print(f"forecaster: learned online ({'from the cache' if fc['source'] == 'cache' else 'new'}), "
-              f"{fc['tokens_learned']} tokens learned, {fc['swaps']} swaps this run")
+              f"{fc['tokens_learned']} tokens learned in use, {fc['swaps']} swaps this run; "
+              + (f"kept for the model's next run with {kept} tokens learned" if kept is not None else
+                 "nothing new kept for the next run (fewer tokens than a round needs)"))
     if args.json:
         print(json.dumps(stats))
     return 0

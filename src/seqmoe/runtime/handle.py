@@ -26,8 +26,8 @@ from seqmoe.runtime.core.signals import deferred_interrupts, shield_off
 from seqmoe.trace.schema import RoutingTrace
 
 def _shutdown(thread, worker, host, learner, cache) -> None:
-    """Stop the runtime's threads, its learner and its disk reads (finalizer: the runtime and its model
-    are gone, or the process exits)."""
+    """Stop the runtime's threads, its online forecaster (`learner`: it keeps what it learned) and its disk
+    reads (finalizer: the runtime and its model are gone, or the process exits)."""
     if thread is not None:
         thread.close()
     worker.close()

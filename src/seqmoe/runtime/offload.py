@@ -340,7 +340,8 @@ def _assemble(model, plan: _Plan, cfg: OffloadConfig) -> OffloadRuntime:
         undo.push(shield_off)
         return OffloadRuntime(model, layers, originals, plan.layouts, kept, pool, worker, controller, hooks,
                               system=cfg.system, residency=cfg.residency or C / (L * E), start=plan.start, model_profile=mp,
-                              hardware=hw, host=host, twins=twins, learner=learner,
+                              hardware=hw, host=host, twins=twins,
+                              learner=None if learner is None else plan.system.predictor,  # its close keeps a last round
                               expert_dtype=cfg.expert_dtype or str(layout.compute_dtype).removeprefix("torch."))
 
 

@@ -120,18 +120,25 @@ class ProcessLearner:
             return None
         return got
 
-    def close(self, timeout: float = 20.0) -> None:
-        """Let the round in flight finish (and be saved) for up to `timeout` seconds, then stop the child."""
+    @property
+    def keeps(self) -> bool:
+        """Each round is saved (to `save_to`) for the model's next run."""
+        return self._setup[2] is not None
+
+    def close(self, timeout: float = 20.0) -> bool:
+        """Let the round in flight finish (and be saved) for up to `timeout` seconds, then stop the child;
+        whether the child ended on its own (every round it took was saved)."""
         proc, self._proc = self._proc, None
-        self.failed = self.failed or "closed"  # nothing is submitted or started after this
+        failed, self.failed = self.failed, self.failed or "closed"  # nothing is submitted or started after this
         if proc is None:
-            return
+            return False
         self._outbox.put(None)  # after the round in flight: the child saves it, then stops
         try:
             proc.wait(timeout=timeout if self._busy else 5.0)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        return failed is None and proc.returncode == 0
 
 
 def write_message(f, msg) -> None:

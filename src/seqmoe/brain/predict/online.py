@@ -34,6 +34,8 @@ from seqmoe.brain.predict.buckets import bucket_of, bucket_table
 from seqmoe.brain.predict.seqmodel import DEFAULT_WINDOW, SeqConfig, SeqPredictor
 from seqmoe.trace.schema import RoutingTrace, check_dims, snapshot_trace
 
+FINAL_ROUND_MIN = 16
+"""Tokens a run must have seen since the last round for its close to learn (and keep) one more."""
 ONLINE_DIMS = {"hash_buckets": 4096, "embed_dim": 128, "hidden_dim": 128, "query_dim": 128}
 """The online forecaster's widths: half the offline one's, so a round trains in about a second."""
 
@@ -146,6 +148,8 @@ class OnlineForecaster(Predictor):
         self.inner = None if weights is None else SeqPredictor(config, weights, window=DEFAULT_WINDOW)
         self.source, self.tokens_learned, self._base_learned = source, tokens_learned, tokens_learned
         self.swaps: list[tuple[int, int]] = []
+        self._snapped = 0  # tokens seen at the last round's snapshot
+        self.kept: int | None = None  # tokens the forecaster saved at close had learned (None: none saved)
         n = schedule.buffer
         self._ids = np.zeros((n, self.L, self.K), dtype=np.int16)
         self._buckets = np.zeros(n, dtype=np.int64)
@@ -220,12 +224,20 @@ class OnlineForecaster(Predictor):
         self.learner = learner
 
     def close(self) -> None:
-        """Stop the learner (the runtime's close and restore)."""
-        self.learner.close()
+        """Stop the learner (the runtime's close and restore). A learner that keeps its rounds first gets
+        one last round of the tokens no round has learned yet (at least `FINAL_ROUND_MIN`), so a short run
+        leaves what it saw for the next one; `kept` then says how many tokens the kept forecaster learned."""
+        learner, snapped = self.learner, self._pending
+        if getattr(learner, "keeps", False) and learner.failed is None and snapped is None and \
+                self.tokens - self._snapped >= FINAL_ROUND_MIN:
+            learner.submit(self._snapshot(), self._base_learned + self.tokens)
+            snapped = self.tokens
+        if learner.close() and snapped is not None:
+            self.kept = self._base_learned + snapped
 
     def stats(self) -> dict:
         """Where the forecaster came from, how many tokens it has learned from, and its swaps."""
-        return {"source": self.source, "tokens_learned": self.tokens_learned, "tokens_seen": self.tokens,
+        return {"source": self.source, "tokens_learned": self.tokens_learned, "tokens_seen": self.tokens, "kept": self.kept,
                 "swaps": len(self.swaps), "swap_tokens": [list(s) for s in self.swaps]}
 
     # -- learning ---------------------------------------------------------------------------------
@@ -250,7 +262,7 @@ class OnlineForecaster(Predictor):
                 self._swap_in(got, n)
         if self._pending is None and n >= self._next_round:
             self.learner.submit(self._snapshot(), self._base_learned + n)
-            self._pending, self._next_round = n, n + s.period
+            self._pending, self._next_round, self._snapped = n, n + s.period, n
 
     def _learn_as_recorded(self, n: int) -> None:
         """`_learn` at the recorded (snapshot, swap) tokens."""
