@@ -34,10 +34,10 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-def start_server(args, path: str) -> tuple[subprocess.Popen, str]:
+def start_server(args, path: str, extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen, str]:
     argv = [sys.executable, "-m", "seqmoe", "serve", "--model", "seqmoe-tiny", "--residency", str(args.residency),
             "--system", args.system, "--device", "cpu", "--threads", str(args.threads), "--port", "0",
-            "--max-batch", str(args.clients), "--log-level", "warning"] + (["--eager"] if path == "eager" else [])
+            "--max-batch", str(args.clients), "--log-level", "warning", *extra] + (["--eager"] if path == "eager" else [])
     env = dict(os.environ, PYTHONPATH=str(REPO / "src"))
     proc = subprocess.Popen(argv, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env)
     for line in proc.stderr:
