@@ -189,10 +189,13 @@ def test_posted_steps_wait_for_rows_on_disk_and_a_cut_step_releases_them(checkpo
         rt.close()
 
 
-def test_twins_beside_a_disk_tier_compute_the_quantized_model(checkpoints):
+def test_twins_beside_a_disk_tier_compute_the_quantized_model(checkpoints, tmp_path, monkeypatch):
     """Twins read once from the checkpoint, in host memory beside the cache (its rows fewer by their
     bytes): every miss served by its twin computes what the int4-quantized model computes."""
     import copy
+
+    # a cold forecaster: one another test of this model kept would prefetch experts, which compute at full precision
+    monkeypatch.setenv("SEQMOE_CACHE", str(tmp_path))
 
     from tests.runtime.test_twins import EVERY_MISS, _stepwise
 
