@@ -16,7 +16,6 @@ import time
 
 import torch
 
-from seqmoe.base.errors import UserError
 from seqmoe.runtime.core.pool import ExpertPool
 
 
@@ -34,7 +33,6 @@ class CopyWorker:
         self._cv = threading.Condition()
         self._busy = False
         self._stop = False
-        self._error: BaseException | None = None
         self.copies = 0  # copies published
         self.skipped = 0  # copies dropped because the slot changed hands
         self._link_free = 0.0  # when the emulated link's last copy ends (perf_counter seconds)
@@ -85,13 +83,12 @@ class CopyWorker:
                 else:
                     self.skipped += 1
                 self._copied(uid)
-            except BaseException as e:  # surfaced on the model thread by the next call
+            except BaseException as e:  # surfaced on the model thread by the next call (`pool.fail`)
+                self.pool.fail(e)
                 with self._cv:
-                    self._error = e
                     self._stop = True
                     self._busy = False
                     self._cv.notify_all()
-                self.pool.fail(e)  # a reader waiting for one of its copies hears of it now
                 return
 
     def _copied(self, uid: int) -> None:
@@ -126,10 +123,7 @@ class CopyWorker:
         time.sleep(self._link_free - now)
 
     def _check(self) -> None:
-        if isinstance(self._error, UserError):  # e.g. a checkpoint file changed on disk: said as it is
-            raise self._error
-        if self._error is not None:
-            raise RuntimeError(f"the expert copy worker failed: {self._error!r}") from self._error
+        self.pool.raise_failure()
 
     @property
     def pending(self) -> int:

@@ -283,10 +283,8 @@ class ExpertPool:
         with self._changed:
             self._changed.wait_for(lambda: self.loaded[slot] or self.owner[slot] != uid or self.failure is not None,
                                    timeout=max(1.0, 1000 * (self.link_s or 0.0), 60.0 * (self.cache is not None)))
-            if self.failure is not None and not (self.loaded[slot] and self.owner[slot] == uid):
-                if isinstance(self.failure, UserError):  # e.g. a checkpoint file changed on disk: said as it is
-                    raise self.failure
-                raise RuntimeError(f"the expert copy worker failed: {self.failure!r}") from self.failure
+            if not (self.loaded[slot] and self.owner[slot] == uid):
+                self.raise_failure()
             return slot if self.loaded[slot] and self.owner[slot] == uid else -1
 
     def fail(self, error: BaseException) -> None:
@@ -294,6 +292,13 @@ class ExpertPool:
         with self._changed:
             self.failure = error
             self._changed.notify_all()
+
+    def raise_failure(self) -> None:
+        """Raise the copy worker's error, if it died of one (a UserError, e.g. a checkpoint changed on disk, as it is)."""
+        if isinstance(self.failure, UserError):
+            raise self.failure
+        if self.failure is not None:
+            raise RuntimeError(f"the expert copy worker failed: {self.failure!r}") from self.failure
 
     def gather_posted(self, layer: int, ids: torch.Tensor, skip: torch.Tensor | None = None,
                       host_ids: torch.Tensor | None = None) -> torch.Tensor:
