@@ -48,8 +48,6 @@ def create_app(batcher: Batcher, tokenizer, *, model_name: str, context_length: 
     api = _Api(batcher, copy.deepcopy(tokenizer), model_name, context_length, temperature, top_p, limits)
     app = FastAPI(title="seqmoe", description="OpenAI-compatible server for an offloaded MoE model")
     app.state.api = api
-    app.add_middleware(Guard, api_key=api_key, max_body=limits.max_body, draining=lambda: api.draining,
-                       metrics=api.metrics)
 
     @app.exception_handler(APIError)
     async def _api_error(request, exc: APIError):
@@ -94,6 +92,8 @@ def create_app(batcher: Batcher, tokenizer, *, model_name: str, context_length: 
             return JSONResponse({"status": "draining"}, status_code=503)
         return {"status": "ok"}
 
+    app.add_middleware(Guard, api_key=api_key, max_body=limits.max_body, draining=lambda: api.draining,
+                       metrics=api.metrics, routes=frozenset(r.path for r in app.routes))
     return app
 
 
