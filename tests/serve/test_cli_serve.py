@@ -18,6 +18,7 @@ from seqmoe.cli import main
     (["--context-length", "1"], "--context-length must be >= 2"),
     (["--context-length", "100000000"], "past seqmoe-tiny's context of 256 positions"),
     (["--chat-template", "/nonexistent/chat.jinja"], "no chat template file"),
+    (["--replicas", "0"], "--replicas must be >= 1"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, flags, message):
     assert main(["serve", "--model", "seqmoe-tiny", *flags]) == 2

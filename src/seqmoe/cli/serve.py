@@ -73,6 +73,14 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--drain-timeout", type=float, default=30.0, metavar="S", help="on SIGTERM: new requests get a "
                    "503, running ones finish for at most this long, then the server exits 0 (SIGINT: at once) "
                    "(default: 30)")
+    s.add_argument("--replicas", type=int, default=1, metavar="N", help="serve N replicas of the server (each loads "
+                   "the model, with its own device, runtime, batcher and /metrics) behind Ray Serve's HTTP proxy, "
+                   "which spreads requests over them and replaces a replica that dies; needs pip install "
+                   "'seqmoe[serve,ray]'. Each replica gets this machine's cores / N, or --threads cores on a "
+                   "cluster (default: 1, one process without Ray)")
+    s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run the replicas on the Ray cluster at "
+                   "ADDRESS (auto, host:port or ray://host:10001; seqmoe installed on every node); with no ADDRESS, "
+                   "on a Ray started here (default with --replicas above 1)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default: info: one line per request)")
     s.set_defaults(func=run_serve)
@@ -99,6 +107,8 @@ def _check_args(args) -> None:
             raise UserError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
     if args.api_key is not None and not args.api_key.strip():
         raise UserError("--api-key is empty; give a key, or leave it out for an open server")
+    if args.replicas < 1:
+        raise UserError(f"--replicas must be >= 1, got {args.replicas}")
     if args.chat_template and not Path(args.chat_template).is_file():
         raise UserError(f"no chat template file at {args.chat_template}")
 
@@ -130,18 +140,20 @@ def run_serve(args) -> int:
     from seqmoe.serve.startup import start_batcher  # torch: only when this runs
 
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
-    served = start_batcher(load, cfg, eager=args.eager, queue_limit=args.queue_limit,
-                         max_batch=args.max_batch, admission=args.admission,
-                         context_length=args.context_length, chat_template=args.chat_template,
-                         name=args.served_model_name, progress=progress(args))
     host, port = sock.getsockname()[:2]
-    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
-    print(f"seqmoe: serving {served.name} on {url}/v1 ({served.summary}); stats at {url}/stats", file=sys.stderr,
-          flush=True)
     if args.api_key is None and not _loopback(host):
         print(f"seqmoe: warning: {host} is reachable beyond this machine and the server has no API key: anyone who "
               "reaches the port can use it (give --api-key or $SEQMOE_API_KEY)", file=sys.stderr, flush=True)
+    start = dict(eager=args.eager, queue_limit=args.queue_limit, max_batch=args.max_batch, admission=args.admission,
+                 context_length=args.context_length, chat_template=args.chat_template, name=args.served_model_name)
     limits = Limits(max_body=args.max_body_bytes, stall_s=args.stall_timeout, request_timeout_s=args.request_timeout)
+    if args.replicas > 1 or args.ray is not None:
+        sock.close()  # the port is free (or was chosen) and Ray Serve's proxy takes it
+        return _serve_replicas(args, load, cfg, start, limits, host, port)
+    served = start_batcher(load, cfg, progress=progress(args), **start)
+    url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
+    print(f"seqmoe: serving {served.name} on {url}/v1 ({served.summary}); stats at {url}/stats", file=sys.stderr,
+          flush=True)
     app = create_app(served.batcher, served.tokenizer, model_name=served.name, context_length=served.context_length,
                      temperature=served.temperature, top_p=served.top_p, api_key=args.api_key, limits=limits)
     server = DrainingServer(uvicorn.Config(app, log_level=args.log_level, timeout_graceful_shutdown=5),
@@ -155,6 +167,15 @@ def run_serve(args) -> int:
         print("seqmoe: interrupted; the server stopped", file=sys.stderr)
         return 130
     return 0
+
+
+def _serve_replicas(args, load, cfg, start: dict, limits: Limits, host: str, port: int) -> int:
+    from seqmoe.serve.replicas import replica_spec, serve_replicas
+
+    address = args.ray or None
+    load, spec = replica_spec(load, cfg, args.replicas, address, drain_timeout=args.drain_timeout,
+                              log_level=args.log_level, start=start, app={"api_key": args.api_key, "limits": limits})
+    return serve_replicas(load, cfg, spec, host=host, port=port, address=address)
 
 
 def _loopback(host: str) -> bool:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import os
 import time
 import uuid
 
@@ -41,11 +42,12 @@ DEFAULT_COMPLETION_TOKENS = 16
 
 
 def create_app(batcher: Batcher, tokenizer, *, model_name: str, context_length: int, temperature: float = 0.0,
-               top_p: float = 1.0, api_key: str | None = None, limits: Limits = Limits()) -> FastAPI:
+               top_p: float = 1.0, api_key: str | None = None, limits: Limits = Limits(),
+               replica: str | None = None) -> FastAPI:
     """The app. `tokenizer` is copied (the batcher thread decodes with its own); `temperature` and
     `top_p` are the defaults of requests that do not set them; `api_key`: every route but /health
-    needs it (None: open)."""
-    api = _Api(batcher, copy.deepcopy(tokenizer), model_name, context_length, temperature, top_p, limits)
+    needs it (None: open); `replica`: this app's name among Ray Serve's replicas (in /stats and /metrics)."""
+    api = _Api(batcher, copy.deepcopy(tokenizer), model_name, context_length, temperature, top_p, limits, replica)
     app = FastAPI(title="seqmoe", description="OpenAI-compatible server for an offloaded MoE model")
     app.state.api = api
 
@@ -108,10 +110,10 @@ def _validation_body(exc: RequestValidationError) -> dict:
 
 class _Api:
     def __init__(self, batcher: Batcher, tokenizer, model_name: str, context_length: int, temperature: float,
-                 top_p: float, limits: Limits) -> None:
-        self.batcher, self.tokenizer, self.name = batcher, tokenizer, model_name
+                 top_p: float, limits: Limits, replica: str | None) -> None:
+        self.batcher, self.tokenizer, self.name, self.replica = batcher, tokenizer, model_name, replica
         self.context_length, self.temperature, self.top_p, self.limits = context_length, temperature, top_p, limits
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(replica)
         self.draining = False  # set by a SIGTERM (`serve.lifecycle`): new requests get a 503
         self.created = int(time.time())
         self.open_requests = 0  # completion handlers and streams not yet closed (a leak shows here)
@@ -342,7 +344,8 @@ class _Api:
         runtime = self.batcher.runtime
         rt = await asyncio.wrap_future(self.batcher.call(runtime.stats)) if runtime is not None else None
         server = {**self.batcher.counts(), "open_requests": self.open_requests}
-        return {"model": self.name, "server": server, "runtime": rt, "rss_bytes": rss_bytes()}
+        return {"model": self.name, "server": server, "runtime": rt, "rss_bytes": rss_bytes(), "pid": os.getpid(),
+                "replica": self.replica}
 
 
 def _utf8(text: str, param: str) -> str:

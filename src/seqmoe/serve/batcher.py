@@ -175,6 +175,10 @@ class Batcher:
                      wall_tokens_per_s=c["completion_tokens"] / c["busy_s"] if c["busy_s"] else 0.0)
         return c
 
+    def alive(self) -> bool:
+        """Whether the batcher thread still runs (it ends at `close`, or with an error of its own)."""
+        return self._thread.is_alive()
+
     def close(self) -> None:
         """Cancel what waits, finish the running step, stop the thread."""
         with self._cv:

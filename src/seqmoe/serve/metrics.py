@@ -12,7 +12,7 @@ Counters and histograms move as requests are served; what the batcher and the ru
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -39,10 +39,12 @@ _RUNTIME = {  # gauge name: (help, the OffloadRuntime.stats() key)
 
 
 class ServerMetrics:
-    """The figures of one app (see the module docstring)."""
+    """The figures of one app (see the module docstring); `replica`: its name among Ray Serve's replicas."""
 
-    def __init__(self) -> None:
+    def __init__(self, replica: str | None = None) -> None:
         r = self.registry = CollectorRegistry()
+        if replica is not None:  # behind Ray Serve's proxy a scrape reaches one replica: it says which
+            Info("seqmoe_replica", "the replica that answered this scrape", registry=r).info({"replica": replica})
         self.requests = Counter("seqmoe_http_requests", "HTTP requests answered, by route and status",
                                 ["route", "status"], registry=r)
         self.ttft = Histogram("seqmoe_time_to_first_token_seconds", "from a request's arrival to its first token",
