@@ -163,10 +163,26 @@ def test_a_stream_left_unread_is_cancelled_after_the_stall_limit():
                 if served.batcher.counts()["cancelled"] or served.batcher.counts()["completed"]:
                     break
                 await asyncio.sleep(0.05)
-            task.cancel()
+            # the one row is free: the next request is admitted and answered while the stalled one still hangs
+            nxt = json.dumps({"model": MODEL, "prompt": "import os", "max_tokens": 4, "temperature": 0}).encode()
+            sent, bodies = [], [{"type": "http.request", "body": nxt, "more_body": False}]
 
-        asyncio.run(run())
+            async def receive_next():
+                if bodies:
+                    return bodies.pop()
+                await asyncio.Event().wait()  # this client stays
+
+            async def send_next(message):
+                sent.append(message)
+
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(nxt)).encode())]
+            await asyncio.wait_for(app({**scope, "headers": headers}, receive_next, send_next), 30)
+            task.cancel()
+            return sent
+
+        sent = asyncio.run(run())
         c = served.batcher.counts()
-        assert c["cancelled"] == 1 and c["completed"] == 0 and c["completion_tokens"] < 200
+        assert c["cancelled"] == 1 and c["completed"] == 1 and c["completion_tokens"] < 200
+        assert sent[0]["status"] == 200 and json.loads(b"".join(m.get("body", b"") for m in sent[1:]))["usage"]
     finally:
         served.close()
