@@ -370,13 +370,13 @@ class LoadConfig:
     """torch CPU threads of the model (default: the cores this process may use, less one for the control
     plane, the copy worker and the disk readers; at least one)."""
 
-    def torch_threads(self) -> int:
-        """`threads`, else the default budget (see `threads`): torch's own default takes every core, and
-        the runtime's other threads then contend with the model's (a 2-core machine decoded 40 % slower)."""
+    def torch_threads(self, cores: int | None = None) -> int:
+        """`threads`, else the default budget (see `threads`) of `cores` (default: this process's,
+        `usable_cores`): torch's own default takes every core, and the runtime's other threads then
+        contend with the model's (a 2-core machine decoded 40 % slower)."""
         if self.threads:
             return self.threads
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, cores - 1)
+        return max(1, (cores or usable_cores()) - 1)
 
     def __post_init__(self) -> None:
         resolve_model_dir(self.model)
@@ -384,3 +384,8 @@ class LoadConfig:
             raise UserError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPES)}")
         if self.threads is not None and (isinstance(self.threads, bool) or not self.threads >= 1):
             raise UserError(f"threads must be >= 1, got {self.threads}")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

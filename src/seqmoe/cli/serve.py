@@ -79,8 +79,9 @@ def add_serve_commands(subparsers: argparse._SubParsersAction) -> None:
                    "'seqmoe[serve,ray]'. Each replica gets this machine's cores / N, or --threads cores on a "
                    "cluster (default: 1, one process without Ray)")
     s.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help="run the replicas on the Ray cluster at "
-                   "ADDRESS (auto, host:port or ray://host:10001; seqmoe installed on every node); with no ADDRESS, "
-                   "on a Ray started here (default with --replicas above 1)")
+                   "ADDRESS (auto, host:port or ray://host:10001; seqmoe installed on every node; a Ray Serve already "
+                   "running there keeps its own --host and --port); with no ADDRESS, on a Ray started here (default "
+                   "with --replicas above 1)")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"),
                    help="uvicorn's log level (default: info: one line per request)")
     s.set_defaults(func=run_serve)

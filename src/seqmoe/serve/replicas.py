@@ -11,9 +11,10 @@ controller, and the requests it was serving fail (a client's retry reaches a liv
 has a GPU of its own where the device is CUDA, and `cpus` cores, on which its model threads are
 sized as `LoadConfig.torch_threads` sizes them on a machine of that many cores.
 
-SIGTERM drains as one server does: each replica sees a flag (`DrainFlag`, a Ray actor the driver sets)
-and answers new requests with a 503 and `Retry-After`; then the deployment is removed, and Ray
-Serve lets each replica's running requests finish for up to the drain timeout. SIGINT stops at once. Either way a Ray started here is stopped with it.
+SIGTERM drains as one server does: each replica sees a flag (`DrainFlag`, a Ray actor the driver
+sets), answers new requests with a 503 and `Retry-After` and reports when it is idle; the deployment
+is removed once all are, or after the drain timeout. SIGINT stops at once. Either way a Ray started
+here is stopped with it; on a cluster only this deployment goes.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from seqmoe.base.errors import UserError, needs_extra
-from seqmoe.config import LoadConfig, OffloadConfig
+from seqmoe.config import LoadConfig, OffloadConfig, usable_cores
 
 APP = "seqmoe"
 """The Ray Serve application's name (and its deployment's)."""
@@ -127,16 +128,16 @@ class Replica:
 
 def replica_spec(load: LoadConfig, cfg: OffloadConfig, replicas: int, address: str | None, **kw) -> tuple[LoadConfig, ReplicaSpec]:
     """The spec of `replicas` replicas, and `load` with each replica's model threads: `--threads`, else the
-    default budget of a machine with this machine's cores split between the replicas (on a cluster, give
-    --threads: its nodes may not be this one)."""
+    default budget (`LoadConfig.torch_threads`) of this machine's cores split between the replicas (on a
+    cluster, give --threads: its nodes may not be this one)."""
     if replicas < 1:
         raise UserError(f"--replicas must be >= 1, got {replicas}")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     cpus = load.threads or max(1, cores // replicas)
     if address is None and cpus * replicas > cores:
         raise UserError(f"{replicas} replicas of {cpus} cores each do not fit this machine's {cores} cores; give "
                         f"fewer --replicas or --threads, or a cluster with --ray ADDRESS")
-    threads = load.threads or max(1, cpus - 1)
+    threads = load.torch_threads(cpus)
     gpus = 1 if str(cfg.device or _default_device()).startswith("cuda") else 0
     return dataclasses.replace(load, threads=threads), ReplicaSpec(replicas=replicas, cpus=cpus, gpus=gpus, **kw)
 
@@ -157,8 +158,8 @@ def serve_replicas(load: LoadConfig, cfg: OffloadConfig, spec: ReplicaSpec, *, h
         except (ConnectionError, RuntimeError, ValueError) as e:
             raise UserError(f"could not start or reach Ray at {address or 'a local instance'}: {e}") from None
     stop = _Stop()
-    flag = ray.remote(num_cpus=0)(DrainFlag).options(name=spec.drain_flag, namespace=APP).remote()
     try:
+        flag = ray.remote(num_cpus=0)(DrainFlag).options(name=spec.drain_flag, namespace=APP).remote()
         logs = LoggingConfig(log_level=spec.log_level.upper())
         serve.start(http_options=HTTPOptions(host=host, port=port), logging_config=logs)
         deployment = serve.deployment(
