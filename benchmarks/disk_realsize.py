@@ -3,6 +3,7 @@ weights, a host cache smaller than its experts, routers forced to the real Puffi
 
     python benchmarks/disk_realsize.py --checkpoint /work/ckpt/ds-v2-lite-bf16 --write   # writes it once (31 GB)
     python benchmarks/disk_realsize.py --checkpoint DIR --host-memory 8GiB --residency 0.1 --tokens 60
+    python benchmarks/disk_realsize.py --checkpoint DIR --tokens 150 --predictor FC   # FC: seqmoe train on the split
 
 Measures this machine's cost model first (full-load time per token, one expert's copy and disk
 read), then each system's measured time per token next to the simulator's for the same budgets, the
@@ -45,6 +46,8 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=60, help="positions replayed, whole requests (the first warms up)")
     p.add_argument("--max-request", type=int, default=40, help="longest request replayed, in tokens")
     p.add_argument("--threads", type=int, default=2, help="CPU threads of torch")
+    p.add_argument("--predictor", metavar="DIR", help="a trained forecaster (seqmoe train) for the seqmoe systems "
+                   "(default: they learn online)")
     p.add_argument("--out", help="JSON lines file")
     add_shared_flag(p)
     args = p.parse_args(argv)
@@ -67,7 +70,7 @@ def main(argv=None) -> int:
         train, test = split
         replay = _requests(test, args.tokens, args.max_request)
         result = disk_replay_bench(folder, replay, train=train, systems=tuple(args.systems.split(",")),
-                                   residency=args.residency, host_memory=args.host_memory,
+                                   residency=args.residency, host_memory=args.host_memory, predictor=args.predictor,
                                    log=lambda line: print(line, file=sys.stderr, flush=True))
     except UserError as e:
         print(f"disk_realsize: error: {e}", file=sys.stderr)

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 import seqmoe
+from seqmoe.brain.manager.systems import system_spec
 from seqmoe.runtime.proc import reset_peak, status_bytes
 from seqmoe.runtime.timing.decode import measured_hardware
 from seqmoe.runtime.timing.forced import ForcedRouting
@@ -116,14 +117,16 @@ def measure_machine(folder, replay: RoutingTrace, *, residency: float, positions
 
 
 def disk_replay_bench(folder, replay: RoutingTrace, *, systems=("on-demand-lru", "seqmoe"), residency: float = 0.1,
-                      host_memory="8GiB", train: RoutingTrace | None = None, log=print) -> dict:
-    """Measure this machine, then time each of `systems` streamed over `replay` (see the module doc)."""
+                      host_memory="8GiB", train: RoutingTrace | None = None, predictor=None, log=print) -> dict:
+    """Measure this machine, then time each of `systems` streamed over `replay` (see the module doc);
+    `predictor`: the trained forecaster of the systems that use one (default: they learn online)."""
     machine = measure_machine(folder, replay, residency=residency, log=log)
     runs, first = [], None
     for system in systems:
         reset_peak()
         end, marks, wall, n, outs = _replay_run(folder, replay, residency=residency, host_memory=host_memory,
-                                                system=system, miss="copy", train=train, hardware=machine["hardware"])
+                                                system=system, miss="copy", train=train, hardware=machine["hardware"],
+                                                predictor=predictor if system_spec(system).needs_predictor else None)
         sim_s = (end["sim_time_s"] - marks["sim_time_s"]) / (end["tokens"] - marks["tokens"])
         measured_s = wall / n
         first = outs if first is None else first
