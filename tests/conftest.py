@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,9 @@ import pytest
 
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile
 from seqmoe.trace.schema import RoutingTrace, TraceMeta
+
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:  # started in the background (`cmd &`): the Ctrl-C tests
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # need it, here and in the children they start
 
 
 def make_trace(num_tokens=120, num_layers=3, num_experts=8, top_k=2, num_requests=3, seed=0, reuse=0.5) -> RoutingTrace:
