@@ -108,8 +108,6 @@ def _check_args(args) -> None:
             raise UserError(f"--{flag.replace('_', '-')} must be > 0, got {value}")
     if args.api_key is not None and not args.api_key.strip():
         raise UserError("--api-key is empty; give a key, or leave it out for an open server")
-    if args.replicas < 1:
-        raise UserError(f"--replicas must be >= 1, got {args.replicas}")
     if args.chat_template and not Path(args.chat_template).is_file():
         raise UserError(f"no chat template file at {args.chat_template}")
 
@@ -140,17 +138,24 @@ def run_serve(args) -> int:
         raise needs_extra("seqmoe serve needs fastapi and uvicorn", "serve", e) from None
     from seqmoe.serve.startup import start_batcher  # torch: only when this runs
 
+    start = dict(eager=args.eager, queue_limit=args.queue_limit, max_batch=args.max_batch, admission=args.admission,
+                 context_length=args.context_length, chat_template=args.chat_template, name=args.served_model_name)
+    limits = Limits(max_body=args.max_body_bytes, stall_s=args.stall_timeout, request_timeout_s=args.request_timeout)
+    replicas = args.replicas != 1 or args.ray is not None
+    if replicas:  # a bad count or split of the cores is refused here
+        from seqmoe.serve.replicas import replica_spec, serve_replicas
+
+        load, spec = replica_spec(load, cfg, args.replicas, args.ray or None, drain_timeout=args.drain_timeout,
+                                  log_level=args.log_level, start=start,
+                                  app={"api_key": args.api_key, "limits": limits})
     sock = _bind(args.host, args.port)  # before loading: a busy port fails at once
     host, port = sock.getsockname()[:2]
     if args.api_key is None and not _loopback(host):
         print(f"seqmoe: warning: {host} is reachable beyond this machine and the server has no API key: anyone who "
               "reaches the port can use it (give --api-key or $SEQMOE_API_KEY)", file=sys.stderr, flush=True)
-    start = dict(eager=args.eager, queue_limit=args.queue_limit, max_batch=args.max_batch, admission=args.admission,
-                 context_length=args.context_length, chat_template=args.chat_template, name=args.served_model_name)
-    limits = Limits(max_body=args.max_body_bytes, stall_s=args.stall_timeout, request_timeout_s=args.request_timeout)
-    if args.replicas > 1 or args.ray is not None:
+    if replicas:
         sock.close()  # the port is free (or was chosen) and Ray Serve's proxy takes it
-        return _serve_replicas(args, load, cfg, start, limits, host, port)
+        return serve_replicas(load, cfg, spec, host=host, port=port, address=args.ray or None)
     served = start_batcher(load, cfg, progress=progress(args), **start)
     url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
     print(f"seqmoe: serving {served.name} on {url}/v1 ({served.summary}); stats at {url}/stats", file=sys.stderr,
@@ -168,15 +173,6 @@ def run_serve(args) -> int:
         print("seqmoe: interrupted; the server stopped", file=sys.stderr)
         return 130
     return 0
-
-
-def _serve_replicas(args, load, cfg, start: dict, limits: Limits, host: str, port: int) -> int:
-    from seqmoe.serve.replicas import replica_spec, serve_replicas
-
-    address = args.ray or None
-    load, spec = replica_spec(load, cfg, args.replicas, address, drain_timeout=args.drain_timeout,
-                              log_level=args.log_level, start=start, app={"api_key": args.api_key, "limits": limits})
-    return serve_replicas(load, cfg, spec, host=host, port=port, address=address)
 
 
 def _loopback(host: str) -> bool:

@@ -20,6 +20,7 @@ here is stopped with it; on a cluster only this deployment goes.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
 import signal
@@ -113,8 +114,9 @@ class Replica:
         except Exception:  # the driver is gone (its flag with it): Ray Serve stops this replica
             return
 
-    def summary(self) -> str:
-        return self.served.summary
+    def describe(self) -> tuple[str, str]:
+        """(the served model's name, the one-line summary of its offload and batch)."""
+        return self.served.name, self.served.summary
 
     def check_health(self) -> None:  # Ray Serve's health check: a replica that raises is replaced
         if not self.served.batcher.alive():
@@ -166,18 +168,17 @@ def serve_replicas(load: LoadConfig, cfg: OffloadConfig, spec: ReplicaSpec, *, h
             serve.ingress()(Replica), name=APP, num_replicas=spec.replicas,
             max_constructor_retry_count=1,  # a replica that cannot load fails the start, not twenty loads later
             ray_actor_options={"num_cpus": spec.cpus, "num_gpus": spec.gpus},
-            # the batcher answers 429 past its own queue: let every request reach it
-            max_ongoing_requests=spec.start.get("max_batch", 8) + spec.start.get("queue_limit", 32) + 1,
+            max_ongoing_requests=_admits(spec.start),
             graceful_shutdown_timeout_s=spec.drain_timeout, health_check_period_s=HEALTH_PERIOD_S,
             logging_config=logs)
         try:
             handle = serve.run(deployment.bind(load, cfg, spec), name=APP, route_prefix="/")
         except Exception as e:  # a replica's constructor failed: its own error, in one line
             raise UserError(f"the replicas did not start: {_replica_error(serve, e)}") from None
-        summary = handle.summary.remote().result()
+        name, summary = handle.describe.remote().result()
         url = f"http://{host if ':' not in host else f'[{host}]'}:{port}"
         where = f"Ray at {address}" if address else "a local Ray"
-        print(f"seqmoe: serving {spec.start.get('name') or load.model} on {url}/v1 ({spec.replicas} replicas on "
+        print(f"seqmoe: serving {name} on {url}/v1 ({spec.replicas} replicas on "
               f"Ray Serve, {where}, each with cores: {spec.cpus}, GPUs: {spec.gpus}, {summary})",
               file=sys.stderr, flush=True)
         sig = stop.wait()
@@ -218,6 +219,15 @@ class _Stop:
     def restore(self) -> None:
         for s, old in self.old.items():
             signal.signal(s, old)
+
+
+def _admits(start: dict) -> int:
+    """Requests a replica takes at once: its batcher's rows and queue, and one more that it answers 429
+    (Ray Serve would otherwise queue them in front of it, at 5 a replica by default)."""
+    from seqmoe.serve.startup import start_batcher  # its defaults, where `start` leaves them out
+
+    given = {k: p.default for k, p in inspect.signature(start_batcher).parameters.items()} | start
+    return given["max_batch"] + given["queue_limit"] + 1
 
 
 def _default_device() -> str:
