@@ -163,8 +163,9 @@ class StaticBatch:
         return logits
 
     def _inputs(self, b: int, view, cache: str = "cache") -> dict:
+        span = self.cap if self.capture else self.pos + 1  # an eager step attends over the written positions only
         return {"input_ids": self.token[:b], "position_ids": self.positions[:b], "cache_position": self.cache_position,
-                "attention_mask": self.mask[:b, :self.cap], cache: view}
+                "attention_mask": self.mask[:b, :span], cache: view}
 
     def _view(self, b: int):
         """A cache whose layers are the first b rows of the full cache's (contiguous), written at `pos`:
@@ -243,12 +244,16 @@ def _at_pos_class():
         device counter (what a captured step needs) costs an arange, an add_ and an index_copy_ a layer."""
 
         batch: StaticBatch
+        is_compileable = False  # run eagerly: transformers may then skip an all-ones mask (SDPA's unmasked path)
 
         def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
             at, n = self.batch.pos, key_states.shape[-2]
             self.keys.narrow(2, at, n).copy_(key_states)
             self.values.narrow(2, at, n).copy_(value_states)
-            return self.keys, self.values
+            return self.keys[:, :, :at + n], self.values[:, :, :at + n]  # attention over the positions written only
+
+        def get_mask_sizes(self, query_length: int, *args) -> tuple[int, int]:
+            return self.batch.pos + query_length, 0
 
         def get_seq_length(self) -> int:  # where the step's query is (the mask is built from it)
             return self.batch.pos
