@@ -6,8 +6,9 @@
 
 The model (--write; `seqmoe.arch.gguf_writer`): a Qwen3-MoE of the flags' shape (by default 8 layers
 of 64 experts 768 wide, Qwen3-30B-A3B's expert shape, hidden 1024, top-8: 1.3 GiB) with seeded
-random weights, routers scaled so that routing is decided, experts in Q8_0, the rest f32, and a
-byte-level tokenizer that both read. Both decode the same prompt
+random weights, routers scaled so that routing is decided, experts in Q8_0, the other matrices f16,
+and a byte-level tokenizer that both read; written a tensor at a time, so it may be bigger than
+memory (Qwen3-30B-A3B's layers and experts, 30 GiB: --layers 48 --experts 128 --hidden 2048). Both decode the same prompt
 greedily from the model's own routing, each run in a process of its own under a measuring parent
 (`getrusage` of its children: its peak RSS and the blocks it read from storage; the page cache is not
 dropped, which needs root: each side runs once to warm it, then --repeats timed runs):
@@ -115,11 +116,11 @@ def _child(cmd: list[str]) -> dict:
 
 
 def _write(args) -> None:
-    """The Qwen3-MoE of the flags, seeded, experts in Q8_0, written to --gguf."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """The Qwen3-MoE of the flags with seeded weights, experts in Q8_0, written to --gguf a tensor at a
+    time (`write_random_gguf`: a file bigger than memory is written too)."""
+    from transformers import AutoConfig
 
-    from seqmoe.arch.gguf_writer import write_gguf
+    from seqmoe.arch.gguf_writer import write_random_gguf
 
     config = AutoConfig.for_model(
         "qwen3_moe", vocab_size=128, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
@@ -127,13 +128,7 @@ def _write(args) -> None:
         num_experts=args.experts, num_experts_per_tok=args.top_k, moe_intermediate_size=args.expert_width,
         max_position_embeddings=2048, norm_topk_prob=True, tie_word_embeddings=False, pad_token_id=0,
         bos_token_id=1, eos_token_id=2)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("gate.weight"):
-                param.normal_(0, 1)  # decided routing: near-ties would flip under the two sides' rounding
-    write_gguf(model, args.gguf, formats=("q8_0", "q8_0", "q8_0"), tokenizer=True)
+    write_random_gguf(config, args.gguf, progress=True)
     print(f"wrote {args.gguf} ({Path(args.gguf).stat().st_size / 2**30:.2f} GiB)", file=sys.stderr)
 
 

@@ -78,7 +78,7 @@ def check_budgets(cfg: OffloadConfig, arch, layout, source=None) -> None:
     step needs, for the model `arch` whose experts have `layout`: run on the meta model, before any weight is read."""
     L, E, K = len(arch.moe), arch.num_experts, arch.top_k
     layout = store_layout(layout, cfg.expert_dtype)  # the store's rows
-    if source is not None:
+    if source is not None and cfg.host_memory is not None:  # without it, offload fits the cache to the free memory
         plan_disk(source, cfg, layout, L, E, K)
     if cfg.residency is not None:
         capacity_for(cfg.residency, L, E, K)

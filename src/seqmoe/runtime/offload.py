@@ -39,7 +39,7 @@ from seqmoe.brain.manager.systems import system_spec
 from seqmoe.costs.profiles import HardwareProfile, ModelProfile, copy_time_s, get_hardware_profile
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.runtime.core.device import (
-    Undo, allocate_slots, check_device_memory, move_model, pool_room, resolve_device,
+    Undo, allocate_slots, check_device_memory, dense_bytes, move_model, pool_room, resolve_device,
 )
 from seqmoe.brain.rerouting import CacheAwareRouting
 from seqmoe.runtime.eager.experts import eager_forward
@@ -175,11 +175,12 @@ def _plan(model, cfg: OffloadConfig, source=None) -> _Plan:
         raise UserError("MoE layers differ in expert shapes; the runtime needs one expert size")
     if cfg.expert_dtype is not None:
         layouts = [store_layout(x, cfg.expert_dtype) for x in layouts]
-    disk = plan_disk(source, cfg, layouts[0], L, E, K)
     home = next(p.device for p in originals[0].parameters())
     device = resolve_device(cfg.device, torch.device("cpu") if home.type == "meta" else home)  # meta: on disk
     control = cfg.control_on(device.type)
     C = _capacity(cfg, model, originals, device, layouts[0].expert_bytes, L, E, K)
+    on_host = dense_bytes(model, originals) + C * layouts[0].expert_bytes if device.type == "cpu" else 0
+    disk = plan_disk(source, cfg, layouts[0], L, E, K, others=on_host)  # the host cache beside them
     if device.type == "cuda":
         check_device_memory(model, originals, device, C, layouts[0].expert_bytes, L * E)
     start = start_placement(train, C) if train is not None else []

@@ -99,3 +99,26 @@ def test_a_file_that_is_not_a_whole_gguf_is_refused_in_one_line(model, tmp_path,
     with pytest.raises(UserError, match="is not a GGUF file gguf-py reads") as err:
         seqmoe.load(path, residency=0.3, device="cpu")
     assert "\n" not in str(err.value)
+
+
+def test_a_random_file_written_one_tensor_at_a_time_reads_as_transformers_reads_it(model, tmp_path):
+    """`write_random_gguf` (the llama.cpp benchmark's files bigger than memory): f16 matrices outside the
+    experts, Q8_0 experts, seeded; seqmoe streaming it gives transformers' tokens of the same file."""
+    from transformers import AutoModelForCausalLM
+
+    from seqmoe.arch.gguf_writer import write_random_gguf
+
+    path = write_random_gguf(model.config, tmp_path / "random.gguf", seed=3)
+    again = write_random_gguf(model.config, tmp_path / "again.gguf", seed=3)
+    assert path.read_bytes() == again.read_bytes()
+    types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(path).tensors}
+    assert types["blk.0.attn_q.weight"] == "F16" and types["blk.0.attn_norm.weight"] == "F32"
+    assert {types[f"blk.1.ffn_{w}_exps.weight"] for w in ("gate", "up", "down")} == {"Q8_0"}
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path, gguf_file=path.name, dtype=torch.float32).eval()
+    want = reference.generate(PROMPT, **GEN)
+    assert not torch.equal(want, model.generate(PROMPT, **GEN))  # its own weights, not the fixture's
+    net, runtime = seqmoe.load(path, residency=0.3, device="cpu", dtype="float32", host_memory="4MiB")
+    try:
+        assert torch.equal(net.generate(PROMPT, **GEN), want)
+    finally:
+        runtime.close()

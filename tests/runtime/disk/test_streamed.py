@@ -37,6 +37,36 @@ def _greedy(model):
     return model.generate(PROMPT, max_new_tokens=8, do_sample=False, num_beams=1, pad_token_id=0)
 
 
+def test_without_host_memory_the_host_cache_is_what_the_free_memory_holds(checkpoints, monkeypatch):
+    """A checkpoint whose experts do not fit in the free host memory streams through a host cache of what
+    fits (said in a warning) instead of failing to allocate them all; one that fits holds them all."""
+    import seqmoe.runtime.disk.plan as plan
+    from seqmoe.arch import model_arch
+
+    folder, full, want, _ = checkpoints["mixtral"]
+    arch = model_arch(full)
+    n = len(arch.moe) * arch.num_experts
+    net, rt = seqmoe.load(folder, residency=0.3)
+    assert rt.stats()["host_rows"] == n
+    rt.close()
+    dense = sum(p.numel() * p.element_size() for name, p in full.named_parameters() if ".experts." not in name)
+    pool = int(0.3 * n) * (_host_bytes(full, 1.0) // n)
+    free = (dense + pool + _host_bytes(full, 0.5)) / (1 - plan.FIT_MARGIN)
+    monkeypatch.setattr(plan, "host_available", lambda: int(free) + 1)
+    with pytest.warns(UserWarning, match=f"a host cache of \\d+ of {n} experts"):
+        net, rt = seqmoe.load(folder, residency=0.3)
+    try:
+        rows = rt.stats()["host_rows"]
+        assert n // 3 < rows < n
+        assert torch.equal(_greedy(net), want)
+        assert rt.stats()["disk_reads"] > rows
+    finally:
+        rt.close()
+    monkeypatch.setattr(plan, "host_available", lambda: dense)
+    with pytest.raises(UserError, match="the free host memory"):
+        seqmoe.load(folder, residency=0.3)
+
+
 def _host_bytes(full, share: float) -> int:
     """Host memory for `share` of the routed experts of `full` (the model loaded whole)."""
     from seqmoe.arch import model_arch

@@ -9,6 +9,8 @@ the dense remainder of the model.
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from seqmoe.arch import ExpertLayout
@@ -57,6 +59,24 @@ def memory_shortfall(device, capacity: int, expert_bytes: int, dense_bytes: int,
 FIT_MARGIN = 0.1
 """Share of the free device memory `pool_room` leaves free (the KV cache, activations, the
 allocator's own blocks)."""
+
+
+def host_available() -> int:
+    """Bytes of host memory free for this process now: the kernel's MemAvailable (page cache it can
+    drop included), else the free physical pages."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def dense_bytes(model, experts: list[torch.nn.Module]) -> int:
+    """Bytes of `model`'s parameters and buffers outside the routed experts (meta tensors counted too)."""
+    routed = {id(p) for x in experts for p in x.parameters(recurse=False)}
+    return _nbytes([p for p in model.parameters() if id(p) not in routed] + list(model.buffers()))
 
 
 def _room(model, experts: list[torch.nn.Module], device: torch.device) -> tuple[int, int]:

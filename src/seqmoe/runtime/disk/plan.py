@@ -10,11 +10,13 @@ policy follows the system (`tier.host_policy`).
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from seqmoe.arch.quant import QuantLayout
+from seqmoe.runtime.core.device import FIT_MARGIN, host_available
 from seqmoe.runtime.disk.host_cache import HostCache
 from seqmoe.brain.manager.disk_clock import DiskClock
 from seqmoe.brain.manager.host_tier import HostTier, host_policy, host_rows_for
@@ -73,22 +75,30 @@ class DiskPlan:
         return _CacheObserver(inner, self.cache)
 
 
-def plan_disk(source, cfg, layout, num_layers: int, num_experts: int, top_k: int) -> DiskPlan | None:
+def plan_disk(source, cfg, layout, num_layers: int, num_experts: int, top_k: int, others: int = 0) -> DiskPlan | None:
     """The disk tier `cfg` asks for over `source` (None: no source, experts in memory), its rows of
-    `layout` (the store's); UserError when host_memory is given without a source or holds too few experts."""
+    `layout` (the store's): host_memory's, else every expert when they fit in the free host memory
+    beside `others` bytes (the rest of the model, a pool in host memory), else what fits there (said
+    in a warning); UserError when host_memory is given without a source or holds too few experts."""
     if source is None:
         if cfg.host_memory is not None:
             raise UserError("host_memory streams the routed experts from a checkpoint on disk: load the model "
                             "with seqmoe.load(path, host_memory=...) (seqmoe generate --model PATH --host-memory ...)")
         return None
-    if cfg.host_memory is None:
-        rows = num_layers * num_experts
-    else:  # low-bit twins live in the same host memory
-        twins = 0 if cfg.twin is None else num_layers * num_experts * QuantLayout.of(
-            getattr(layout, "base", layout), cfg.twin).expert_bytes
+    n = num_layers * num_experts
+    twins = 0 if cfg.twin is None else n * QuantLayout.of(getattr(layout, "base", layout), cfg.twin).expert_bytes
+    if cfg.host_memory is not None:  # low-bit twins live in the same host memory
         budget = parse_bytes(cfg.host_memory, "host_memory")
-        rows = host_rows_for(budget, layout.expert_bytes, num_layers, num_experts, top_k,
-                             f"host_memory {format_bytes(budget)}", twins)
+        return DiskPlan(source, host_rows_for(budget, layout.expert_bytes, num_layers, num_experts, top_k,
+                                              f"host_memory {format_bytes(budget)}", twins), num_layers, num_experts)
+    room = int(host_available() * (1 - FIT_MARGIN)) - others
+    if n * layout.expert_bytes + twins <= room:
+        return DiskPlan(source, n, num_layers, num_experts)
+    rows = host_rows_for(room, layout.expert_bytes, num_layers, num_experts, top_k,
+                         f"the free host memory ({format_bytes(max(room, 0))} beside the rest of the model)", twins)
+    warnings.warn(f"the routed experts take {format_bytes(n * layout.expert_bytes)} and the free host memory holds "
+                  f"{format_bytes(rows * layout.expert_bytes)} of them: a host cache of {rows} of {n} experts, the "
+                  "rest read from disk as they are needed (give host_memory / --host-memory to choose)", stacklevel=2)
     return DiskPlan(source, rows, num_layers, num_experts)
 
 
