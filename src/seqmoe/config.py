@@ -92,7 +92,8 @@ class ManagerConfig:
     """Host memory for the routed experts, the rest streamed from the checkpoint on disk: a host cache of
     this many bytes (or a size like 8GiB) of expert rows of the store's precision in front of the disk
     (seqmoe.load; generate and serve load that way; a replay needs a hardware profile with
-    disk_bytes_per_s); default: every expert in host memory."""
+    disk_bytes_per_s); default: every expert in host memory (a model streamed from disk: as many as
+    fit in the free host memory, said in a warning when that is not all)."""
     miss: str | None = None
     """How a missed expert is served: copy (into a slot), in-place (read from host memory over the link),
     cpu (computed on the host CPU; needs a hardware profile with a host, and triton with thread control

@@ -48,7 +48,8 @@ from seqmoe.trace.io import load_trace
 def load(path, residency: float | None = None, *, host_memory=None, dtype=None, config: OffloadConfig | None = None,
          **options):
     """(model, runtime): the `*ForCausalLM` in the checkpoint folder `path`, its routed experts
-    streamed from disk through a host cache of `host_memory` bytes (default: room for all of them).
+    streamed from disk through a host cache of `host_memory` bytes (default: room for all of them,
+    or for what the free host memory holds when they do not fit).
 
     Args:
         residency, host_memory, **options: fields of `seqmoe.config.OffloadConfig` (e.g. system=,
