@@ -20,8 +20,8 @@ from seqmoe.cli.runtime import add_runtime_commands
 from seqmoe.cli.serve import add_serve_commands
 from seqmoe.cli.sim import add_sim_commands
 from seqmoe.cli.trace import add_trace_commands
-from seqmoe.base.errors import UserError
-from seqmoe.brain.manager.base import ReferenceManagerWarning
+from seqmoe.base.errors import Note, UserError
+from seqmoe.base.heap import keep_freed_blocks
 
 
 def build_parser() -> Parser:
@@ -43,7 +43,7 @@ def build_parser() -> Parser:
 
 def _note(message, category, filename, lineno, line=None) -> str:
     """A warning as the command prints it: one line, without the source line that raised it."""
-    return f"seqmoe: note: {message}\n" if issubclass(category, ReferenceManagerWarning) else _plain(
+    return f"seqmoe: note: {message}\n" if issubclass(category, Note) else _plain(
         message, category, filename, lineno, line)
 
 
@@ -53,6 +53,7 @@ _plain = warnings.formatwarning
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     warnings.formatwarning = _note  # this process is the command's: its notes read as its other lines
+    keep_freed_blocks()  # and its allocator: a decode step's buffers are reused, not mapped anew at each layer
     try:
         args = build_parser().parse_args(argv)
         args.argv = argv

@@ -23,8 +23,6 @@ runtime's state stays consistent.
 from __future__ import annotations
 
 import collections
-import ctypes
-import ctypes.util
 import inspect
 import secrets
 import threading
@@ -37,6 +35,7 @@ from typing import Callable
 import torch
 
 from seqmoe.serve.admission import Admission
+from seqmoe.base.heap import trim
 from seqmoe.serve.kv import BatchKV, why_one_at_a_time
 from seqmoe.serve.sampling import TextStream, choose_token
 from seqmoe.serve.static import StaticBatch
@@ -207,7 +206,7 @@ class Batcher:
             if self._rows:
                 self._guarded(self._step)
             if busy and not self._rows:
-                _trim_heap()
+                trim()  # the batch drained: its KV caches and activations go back to the OS
             if busy:
                 with self._cv:
                     self.counts_.busy_s += time.perf_counter() - t0
@@ -363,15 +362,6 @@ class _Row:
     token: int | None = None  # the last token chosen (the next step's input)
     completion: int = 0
     positions: int = 0  # positions the model ran for it
-
-
-def _trim_heap() -> None:
-    """The batch drained: hand the freed heap (its KV caches, activations) back to the OS (glibc keeps it
-    otherwise, and an idle server would hold its busiest moment's memory)."""
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        pass
 
 
 def _eos_ids(model, tokenizer) -> tuple[int, ...]:

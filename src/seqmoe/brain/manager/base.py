@@ -10,7 +10,7 @@ from typing import Protocol
 
 
 from seqmoe.brain.policies.base import EvictionPolicy
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import Note, UserError
 from seqmoe.costs.host_cost import host_expert_time_s
 from seqmoe.brain.manager.channel import HostLane
 from seqmoe.brain.manager.miss_paths import MissPath, Twin, miss_rule
@@ -42,7 +42,7 @@ class System:
     """Low-bit twins serve the misses of small gate weight (`seqmoe.brain.manager.miss_paths.Twin`); None: off."""
 
 
-class ReferenceManagerWarning(UserWarning):
+class ReferenceManagerWarning(Note):
     """A system runs on the reference manager (Python): the same decisions and counts as compiled,
     at a higher cost per decision."""
 

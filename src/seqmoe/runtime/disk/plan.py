@@ -21,7 +21,7 @@ from seqmoe.runtime.disk.host_cache import HostCache
 from seqmoe.brain.manager.disk_clock import DiskClock
 from seqmoe.brain.manager.host_tier import HostTier, host_policy, host_rows_for
 from seqmoe.brain.manager.miss_paths import MissPath
-from seqmoe.base.errors import UserError
+from seqmoe.base.errors import Note, UserError
 from seqmoe.costs.precision import format_bytes, parse_bytes
 from seqmoe.costs.profiles import disk_read_s
 
@@ -96,9 +96,9 @@ def plan_disk(source, cfg, layout, num_layers: int, num_experts: int, top_k: int
         return DiskPlan(source, n, num_layers, num_experts)
     rows = host_rows_for(room, layout.expert_bytes, num_layers, num_experts, top_k,
                          f"the free host memory ({format_bytes(max(room, 0))} beside the rest of the model)", twins)
-    warnings.warn(f"the routed experts take {format_bytes(n * layout.expert_bytes)} and the free host memory holds "
+    warnings.warn(Note(f"the routed experts take {format_bytes(n * layout.expert_bytes)} and the free host memory holds "
                   f"{format_bytes(rows * layout.expert_bytes)} of them: a host cache of {rows} of {n} experts, the "
-                  "rest read from disk as they are needed (give host_memory / --host-memory to choose)", stacklevel=2)
+                  "rest read from disk as they are needed (give host_memory / --host-memory to choose)"), stacklevel=2)
     return DiskPlan(source, rows, num_layers, num_experts)
 
 
