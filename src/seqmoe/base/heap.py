@@ -14,7 +14,7 @@ import functools
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 1 << 30
 """Allocations below this come from the heap (bigger ones, a host cache or a pool, stay mappings)."""
-TRIM_THRESHOLD = 1 << 31
+TRIM_THRESHOLD = 1 << 30
 """Freed memory at the top of the heap kept for reuse up to this much (`trim` returns it)."""
 
 
@@ -22,7 +22,10 @@ TRIM_THRESHOLD = 1 << 31
 def _libc():
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return libc if hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim") else None
+        if not (hasattr(libc, "mallopt") and hasattr(libc, "malloc_trim")):
+            return None
+        libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]  # an int each: both thresholds fit in one
+        return libc
     except OSError:
         return None
 
