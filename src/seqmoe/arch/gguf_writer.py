@@ -25,7 +25,11 @@ def write_gguf(model, path, formats=("q4_k", "q4_k", "q8_0"), arch: str = "qwen3
             transformers and llama.cpp read back; the model's vocabulary must hold its 128 tokens.
     """
     state = model.state_dict()
-    return _write(model.config, path, lambda meta: state.items(), formats, arch, last_down, tokenizer, dense="f32")
+
+    def tensors(meta: bool):  # the infos' pass on meta copies: the experts are encoded once, for their data
+        return ((k, v.to("meta")) for k, v in state.items()) if meta else state.items()
+
+    return _write(model.config, path, tensors, formats, arch, last_down, tokenizer, dense="f32")
 
 
 def write_random_gguf(config, path, formats=("q8_0", "q8_0", "q8_0"), seed: int = 0, progress: bool = False) -> Path:

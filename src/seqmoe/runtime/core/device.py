@@ -75,8 +75,13 @@ def host_available() -> int:
 
 def dense_bytes(model, experts: list[torch.nn.Module]) -> int:
     """Bytes of `model`'s parameters and buffers outside the routed experts (meta tensors counted too)."""
+    return _nbytes(_dense(model, experts))
+
+
+def _dense(model, experts: list[torch.nn.Module]) -> list[torch.Tensor]:
+    """`model`'s parameters and buffers outside the routed experts."""
     routed = {id(p) for x in experts for p in x.parameters(recurse=False)}
-    return _nbytes([p for p in model.parameters() if id(p) not in routed] + list(model.buffers()))
+    return [p for p in model.parameters() if id(p) not in routed] + list(model.buffers())
 
 
 def _room(model, experts: list[torch.nn.Module], device: torch.device) -> tuple[int, int]:
@@ -84,10 +89,8 @@ def _room(model, experts: list[torch.nn.Module], device: torch.device) -> tuple[
     must move there): free memory, counting what the routed experts free there once packed."""
     free, _ = torch.cuda.mem_get_info(device)
     available = free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-    routed = {id(p) for x in experts for p in x.parameters(recurse=False)}
-    tensors = [p for p in model.parameters() if id(p) not in routed] + list(model.buffers())
     available += _nbytes(p for x in experts for p in x.parameters(recurse=False) if p.device == device)
-    return available, _nbytes(t for t in tensors if t.device != device)
+    return available, _nbytes(t for t in _dense(model, experts) if t.device != device)
 
 
 def check_device_memory(model, experts: list[torch.nn.Module], device: torch.device, capacity: int,
